@@ -1,0 +1,1 @@
+"""Serving stack for Qwen models on vLLM."""

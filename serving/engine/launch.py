@@ -1,0 +1,41 @@
+"""Build the supervised engine for a profile: resolve the model, render flags, pick a log."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+from serving.engine.flags import render
+from serving.engine.process import EngineProcess, stderr_progress
+from serving.engine.resolve import resolve_model
+from serving.engine.supervisor import RestartPolicy, Supervisor
+from serving.paths import logs_dir
+from serving.profiles.model import Profile
+
+
+def describe_command(profile: Profile, *, host: str, port: int) -> str:
+    command = render(profile, profile.model, host=host, port=port)
+    env = " ".join(f"{key}={shlex.quote(value)}" for key, value in sorted(command.env.items()))
+    return f"{env} {shlex.join(command.argv)}".strip()
+
+
+def build_supervisor(
+    profile: Profile,
+    *,
+    host: str,
+    port: int,
+    log_file: str | None = None,
+    policy: RestartPolicy | None = None,
+) -> Supervisor:
+    model_path = resolve_model(profile)
+    command = render(profile, model_path, host=host, port=port)
+    log_path = Path(log_file) if log_file else logs_dir() / f"engine-{profile.name}.log"
+
+    def make_process() -> EngineProcess:
+        return EngineProcess(command=command, base_url=f"http://{host}:{port}", log_path=log_path)
+
+    return Supervisor(
+        make_process=make_process,
+        policy=policy or RestartPolicy(),
+        progress=stderr_progress,
+    )

@@ -1,0 +1,149 @@
+"""One vLLM server as a child process: start it, wait for `/health`, stop it without orphans.
+
+vLLM starts worker processes (one per tensor-parallel rank, plus its engine core), so the
+server runs in its own process group and is stopped as a group: SIGTERM first, SIGKILL for
+whatever is left after a grace period.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from serving.engine.flags import EngineCommand
+from serving.errors import ServingError
+
+ProgressFn = Callable[[str], None]
+
+
+def stderr_progress(line: str) -> None:
+    """One updating status line on a terminal; plain lines when stderr is not a TTY."""
+    if sys.stderr.isatty():
+        sys.stderr.write("\r\x1b[2K" + line[:160])
+    else:
+        sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+
+
+def http_ok(url: str, timeout: float = 2.0) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return 200 <= int(response.status) < 300
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+def tail_lines(path: Path, count: int = 15) -> list[str]:
+    if not path.exists():
+        return []
+    with path.open("r", encoding="utf-8", errors="replace") as handle:
+        return [line.rstrip("\n") for line in deque(handle, maxlen=count)]
+
+
+@dataclass
+class EngineProcess:
+    """A started vLLM server; `base_url` is where its OpenAI API listens."""
+
+    command: EngineCommand
+    base_url: str
+    log_path: Path
+    popen: subprocess.Popen[bytes] | None = None
+    started_at: float = 0.0
+    _log_handle: IO[bytes] | None = None
+
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log_handle = self.log_path.open("ab")
+        self._log_handle.write(f"--- starting: {' '.join(self.command.argv)}\n".encode())
+        self._log_handle.flush()
+        self.started_at = time.monotonic()
+        self.popen = subprocess.Popen(
+            self.command.argv,
+            env=self.command.full_env(),
+            stdin=subprocess.DEVNULL,
+            stdout=self._log_handle,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    @property
+    def pid(self) -> int | None:
+        return None if self.popen is None else self.popen.pid
+
+    def exit_code(self) -> int | None:
+        return None if self.popen is None else self.popen.poll()
+
+    def healthy(self) -> bool:
+        return http_ok(f"{self.base_url}/health")
+
+    def wait_healthy(self, timeout: float, progress: ProgressFn | None = None) -> float:
+        """Block until `/health` answers 200; returns seconds since start."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            code = self.exit_code()
+            if code is not None:
+                last = "\n  ".join(tail_lines(self.log_path))
+                raise ServingError(
+                    f"vLLM exited with code {code} before becoming healthy; "
+                    f"log {self.log_path}:\n  {last}"
+                )
+            if self.healthy():
+                return time.monotonic() - self.started_at
+            if progress is not None:
+                waited = time.monotonic() - self.started_at
+                last_lines = tail_lines(self.log_path, 1)
+                hint = last_lines[0][-90:] if last_lines else ""
+                progress(f"starting vLLM: {waited:5.1f}s  {hint}")
+            time.sleep(0.5)
+        self.stop()
+        raise ServingError(
+            f"vLLM did not become healthy within {timeout:.0f}s; see {self.log_path}"
+        )
+
+    def stop(self, grace: float = 20.0) -> None:
+        """SIGTERM the whole process group, SIGKILL what is left after `grace` seconds."""
+        if self.popen is None:
+            return
+        pgid = self.popen.pid
+        _signal_group(pgid, signal.SIGTERM)
+        try:
+            self.popen.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            _signal_group(pgid, signal.SIGKILL)
+            self.popen.wait(timeout=10)
+        # Workers may outlive the server by a moment; no orphan may survive the stop.
+        deadline = time.monotonic() + grace
+        while _group_alive(pgid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if _group_alive(pgid):
+            _signal_group(pgid, signal.SIGKILL)
+        if self._log_handle is not None:
+            self._log_handle.close()
+            self._log_handle = None
+
+
+def _signal_group(pgid: int, signum: signal.Signals) -> None:
+    try:
+        os.killpg(pgid, signum)
+    except ProcessLookupError:
+        pass
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -1,0 +1,141 @@
+"""`serving up`: the whole stack on one machine: model, supervised vLLM, gateway in front.
+
+vLLM listens on loopback only; the gateway is the one port clients use. Ctrl-C (or SIGTERM)
+stops the gateway first, so no new request reaches an engine that is going away.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import subprocess
+import sys
+import threading
+import time
+
+from serving.engine.command import DEFAULT_ENGINE_PORT, install_stop_handlers
+from serving.engine.process import http_ok
+from serving.errors import ServingError
+from serving.paths import logs_dir, serving_home
+
+DEV_KEY_ENV = "SERVING_API_KEY"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--profile", default="cpu-tiny", help="profile name or YAML path")
+    parser.add_argument("--host", default="127.0.0.1", help="address the gateway binds")
+    parser.add_argument("--port", type=int, default=8000, help="gateway port")
+    parser.add_argument("--engine-port", type=int, default=DEFAULT_ENGINE_PORT)
+
+
+def dev_api_key() -> str:
+    """The development key: $SERVING_API_KEY, else one generated once and kept (mode 0600)."""
+    configured = os.environ.get(DEV_KEY_ENV)
+    if configured:
+        return configured
+    path = serving_home() / "dev-api-key"
+    if path.exists():
+        return path.read_text(encoding="utf-8").strip()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    key = "sk-dev-" + secrets.token_urlsafe(24)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(key + "\n")
+    return key
+
+
+def start_gateway(upstream: str, host: str, port: int, api_key: str) -> subprocess.Popen[bytes]:
+    log_path = logs_dir() / "gateway.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    argv = [sys.executable, "-m", "serving.cli", "gateway", "--upstream", upstream]
+    argv += ["--host", host, "--port", str(port)]
+    # The key travels in the environment, never on a command line that `ps` shows.
+    env = {**os.environ, DEV_KEY_ENV: api_key}
+    with log_path.open("ab") as log:
+        process = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise ServingError(f"gateway exited with code {process.returncode}; see {log_path}")
+        if http_ok(f"http://{host}:{port}/healthz"):
+            return process
+        time.sleep(0.2)
+    process.terminate()
+    raise ServingError(f"gateway did not answer /healthz within 30s; see {log_path}")
+
+
+def banner(url: str, model: str, api_key: str, engine_seconds: float, profile: str) -> str:
+    return f"""
+Serving {model} (profile {profile}); vLLM became healthy in {engine_seconds:.1f}s.
+
+  API:      {url}/v1
+  API key:  {api_key}
+  metrics:  {url}/metrics     health: {url}/healthz  {url}/readyz
+
+Try it:
+  python - <<'PY'
+  from openai import OpenAI
+  client = OpenAI(base_url="{url}/v1", api_key="{api_key}")
+  reply = client.chat.completions.create(
+      model="{model}", messages=[{{"role": "user", "content": "Tell me about the weather."}}],
+      max_tokens=32)
+  print(reply.choices[0].message.content)
+  PY
+
+Ctrl-C stops the gateway and the engine.
+"""
+
+
+def _stop_gateway(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def run(args: argparse.Namespace) -> int:
+    from serving.engine.launch import build_supervisor
+    from serving.profiles import load_profile
+
+    profile = load_profile(args.profile)
+    api_key = dev_api_key()
+    install_stop_handlers()
+    supervisor = build_supervisor(profile, host="127.0.0.1", port=args.engine_port)
+    gateway: subprocess.Popen[bytes] | None = None
+    watch_error: list[BaseException] = []
+
+    def watch() -> None:
+        try:
+            supervisor.watch()
+        except ServingError as exc:
+            watch_error.append(exc)
+
+    try:
+        engine_seconds = supervisor.start()
+        upstream = f"http://127.0.0.1:{args.engine_port}"
+        gateway = start_gateway(upstream, args.host, args.port, api_key)
+        print(banner(f"http://{args.host}:{args.port}", profile.served_model_name, api_key,
+                     engine_seconds, profile.name), flush=True)
+        watcher = threading.Thread(target=watch, name="engine-supervisor", daemon=True)
+        watcher.start()
+        while watcher.is_alive():
+            if gateway.poll() is not None:
+                raise ServingError(f"gateway exited with code {gateway.returncode}; "
+                                   f"see {logs_dir() / 'gateway.log'}")
+            time.sleep(0.5)
+        if watch_error:
+            raise watch_error[0]
+    except KeyboardInterrupt:
+        print("\nstopping gateway and vLLM ...", file=sys.stderr)
+    finally:
+        if gateway is not None:
+            _stop_gateway(gateway)
+        supervisor.stop()
+    return 0
+
+
+__all__ = ["add_arguments", "dev_api_key", "run"]

@@ -1,0 +1,102 @@
+"""Supervisor and process-group handling, against a small real HTTP server process."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from serving.engine.flags import EngineCommand
+from serving.engine.process import EngineProcess
+from serving.engine.supervisor import RestartPolicy, Supervisor
+from serving.errors import ServingError
+
+FAKE = str(Path(__file__).with_name("fake_engine.py"))
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def fake_process(tmp_path: Path, port: int, *extra: str) -> EngineProcess:
+    command = EngineCommand(argv=[sys.executable, FAKE, str(port), *extra])
+    return EngineProcess(command, f"http://127.0.0.1:{port}", tmp_path / "engine.log")
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_stop_leaves_no_worker_behind(tmp_path: Path) -> None:
+    process = fake_process(tmp_path, free_port(), "--worker")
+    process.start()
+    process.wait_healthy(timeout=20)
+    pgid = process.pid
+    assert pgid is not None and group_alive(pgid)
+    process.stop(grace=5)
+    assert not group_alive(pgid)
+    assert "listening" in (tmp_path / "engine.log").read_text()
+
+
+def test_exit_before_healthy_names_the_log(tmp_path: Path) -> None:
+    command = EngineCommand(argv=[sys.executable, "-c", "print('bad flag'); raise SystemExit(2)"])
+    process = EngineProcess(command, "http://127.0.0.1:9", tmp_path / "engine.log")
+    process.start()
+    with pytest.raises(ServingError, match="code 2") as excinfo:
+        process.wait_healthy(timeout=20)
+    assert "bad flag" in str(excinfo.value)
+    assert str(tmp_path / "engine.log") in str(excinfo.value)
+
+
+def test_crashed_engine_is_restarted(tmp_path: Path) -> None:
+    port = free_port()
+    events: list[str] = []
+    supervisor = Supervisor(
+        make_process=lambda: fake_process(tmp_path, port),
+        policy=RestartPolicy(initial_backoff_s=0.1, start_timeout_s=20),
+        on_event=events.append,
+    )
+    supervisor.start()
+    first_pid = supervisor.current.pid if supervisor.current else None
+    watcher = threading.Thread(target=supervisor.watch, kwargs={"poll_s": 0.1}, daemon=True)
+    watcher.start()
+    try:
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/crash", timeout=5).close()
+        deadline = time.monotonic() + 20
+        while supervisor.restarts < 1 or not (supervisor.current and supervisor.current.healthy()):
+            assert time.monotonic() < deadline, events
+            time.sleep(0.1)
+        assert supervisor.current is not None and supervisor.current.pid != first_pid
+        assert any("code 3" in event for event in events)
+    finally:
+        supervisor.stop()
+        watcher.join(timeout=10)
+    assert not watcher.is_alive()
+
+
+def test_crash_loop_gives_up_with_a_clear_message(tmp_path: Path) -> None:
+    port = free_port()
+    supervisor = Supervisor(
+        make_process=lambda: fake_process(tmp_path, port, "--die-after", "1.5"),
+        policy=RestartPolicy(initial_backoff_s=0.05, max_restarts=2, start_timeout_s=20),
+        on_event=lambda _: None,
+    )
+    supervisor.start()
+    try:
+        with pytest.raises(ServingError, match="giving up"):
+            supervisor.watch(poll_s=0.05)
+    finally:
+        supervisor.stop()
+    assert supervisor.restarts == 2
