@@ -35,7 +35,7 @@ class SubCommand(Protocol):
 
 def _load(module_name: str) -> SubCommand:
     module = importlib.import_module(module_name)
-    return module  # type: ignore[return-value]
+    return module
 
 
 def build_parser() -> argparse.ArgumentParser:

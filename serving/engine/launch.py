@@ -6,6 +6,7 @@ import shlex
 from pathlib import Path
 
 from serving.engine.flags import render
+from serving.engine.preflight import preflight
 from serving.engine.process import EngineProcess, stderr_progress
 from serving.engine.resolve import resolve_model
 from serving.engine.supervisor import RestartPolicy, Supervisor
@@ -28,6 +29,7 @@ def build_supervisor(
     policy: RestartPolicy | None = None,
 ) -> Supervisor:
     model_path = resolve_model(profile)
+    preflight(profile, model_path)
     command = render(profile, model_path, host=host, port=port)
     log_path = Path(log_file) if log_file else logs_dir() / f"engine-{profile.name}.log"
 

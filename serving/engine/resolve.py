@@ -28,5 +28,7 @@ def resolve_model(profile: Profile) -> str:
     builder = BUILTIN_MODELS.get(name)
     if builder is None:
         known = ", ".join(sorted(BUILTIN_MODELS))
-        raise ServingError(f"profile {profile.name}: field 'model': unknown builtin {name!r} (known: {known})")
+        raise ServingError(
+            f"profile {profile.name}: field 'model': unknown builtin {name!r} (known: {known})"
+        )
     return str(builder())

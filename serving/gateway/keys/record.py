@@ -1,0 +1,162 @@
+"""A key record and its declarative form (the mapping used in key files and the database).
+
+The declarative form, one entry of a keys file:
+
+    id: key_ab12cd34
+    name: team-a
+    created_at: "2025-03-01T12:00:00Z"
+    secret_sha256: 3f0c...            # sha256 hex of the secret; the secret is not stored
+    revoked: false
+    limits: {rpm: 60, tpm: 20000, tokens_per_day: 1000000, max_concurrency: 4, max_tokens: 2048}
+    models: [qwen3-tiny]              # empty or absent: every model
+    model_limits:                     # optional, counted separately and on top of `limits`
+      qwen3-tiny: {rpm: 10}
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from serving.errors import ServingError
+from serving.gateway.keys.credentials import is_key_id
+from serving.gateway.quota.limits import Limits
+
+NO_LIMITS = Limits()
+MAX_NAME_LENGTH = 200
+_SHA256_HEX = re.compile(r"[0-9a-f]{64}")
+_FIELDS = {
+    "id",
+    "name",
+    "created_at",
+    "secret_sha256",
+    "revoked",
+    "limits",
+    "models",
+    "model_limits",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class KeyRecord:
+    key_id: str
+    name: str
+    secret_sha256: str
+    created_at: datetime
+    limits: Limits = NO_LIMITS
+    models: tuple[str, ...] = ()  # empty: every model
+    model_limits: Mapping[str, Limits] = field(default_factory=dict)
+    revoked: bool = False
+
+    def allows_model(self, model: str) -> bool:
+        return not self.models or model in self.models
+
+    def to_document(self) -> dict[str, Any]:
+        document: dict[str, Any] = {
+            "id": self.key_id,
+            "name": self.name,
+            "created_at": format_time(self.created_at),
+            "secret_sha256": self.secret_sha256,
+            "revoked": self.revoked,
+            "limits": self.limits.to_mapping(),
+            "models": list(self.models),
+        }
+        if self.model_limits:
+            document["model_limits"] = {
+                model: limits.to_mapping() for model, limits in self.model_limits.items()
+            }
+        return document
+
+    @classmethod
+    def from_document(cls, data: object, *, where: str) -> KeyRecord:
+        """Parse and validate one entry; errors name the entry and the field."""
+        if not isinstance(data, Mapping):
+            raise ServingError(f"{where}: a key entry must be a mapping, got {data!r}")
+        unknown = sorted(set(data) - _FIELDS)
+        if unknown:
+            raise ServingError(f"{where}: unknown field {unknown[0]!r}")
+        key_id = data.get("id")
+        if not isinstance(key_id, str) or not is_key_id(key_id):
+            raise ServingError(f"{where}.id must look like key_ab12cd34, got {key_id!r}")
+        where = f"{where} ({key_id})"
+        secret_sha256 = data.get("secret_sha256")
+        if not isinstance(secret_sha256, str) or not _SHA256_HEX.fullmatch(secret_sha256):
+            raise ServingError(f"{where}.secret_sha256 must be 64 lowercase hex digits")
+        revoked = data.get("revoked", False)
+        if not isinstance(revoked, bool):
+            raise ServingError(f"{where}.revoked must be true or false, got {revoked!r}")
+        models = check_models(data.get("models") or [], where=f"{where}.models")
+        model_limits = _model_limits(_mapping(data, "model_limits", where), where)
+        check_model_limits(model_limits, models, where=f"{where}.model_limits")
+        return cls(
+            key_id=key_id,
+            name=check_name(data.get("name"), where=f"{where}.name"),
+            secret_sha256=secret_sha256,
+            created_at=parse_time(data.get("created_at"), where=f"{where}.created_at"),
+            limits=Limits.from_mapping(_mapping(data, "limits", where), where=f"{where}.limits"),
+            models=models,
+            model_limits=model_limits,
+            revoked=revoked,
+        )
+
+
+def check_name(value: object, *, where: str) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ServingError(f"{where} must be a non-empty string, got {value!r}")
+    if len(value) > MAX_NAME_LENGTH or not value.isprintable():
+        raise ServingError(f"{where} must be printable and at most {MAX_NAME_LENGTH} characters")
+    return value
+
+
+def check_models(value: object, *, where: str) -> tuple[str, ...]:
+    if not isinstance(value, list | tuple) or not all(
+        isinstance(model, str) and model.strip() for model in value
+    ):
+        raise ServingError(f"{where} must be a list of model names, got {value!r}")
+    return tuple(value)
+
+
+def check_model_limits(
+    model_limits: Mapping[str, Limits], models: tuple[str, ...], *, where: str
+) -> None:
+    """An override for a model the key may not use would silently never apply."""
+    for model in model_limits:
+        if models and model not in models:
+            raise ServingError(f"{where}: model {model!r} is not in the key's models {models}")
+
+
+def format_time(value: datetime) -> str:
+    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_time(value: object, *, where: str) -> datetime:
+    # YAML turns an unquoted timestamp into a datetime itself; accept that as well.
+    if isinstance(value, datetime):
+        parsed = value
+    elif isinstance(value, str):
+        try:
+            parsed = datetime.fromisoformat(value)
+        except ValueError:
+            raise ServingError(f"{where} must be an ISO 8601 time, got {value!r}") from None
+    else:
+        raise ServingError(f"{where} must be an ISO 8601 time, got {value!r}")
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+def _mapping(data: Mapping[Any, Any], name: str, where: str) -> Mapping[str, object]:
+    value = data.get(name) or {}
+    if not isinstance(value, Mapping):
+        raise ServingError(f"{where}.{name} must be a mapping, got {value!r}")
+    return value
+
+
+def _model_limits(data: Mapping[str, object], where: str) -> dict[str, Limits]:
+    parsed: dict[str, Limits] = {}
+    for model, limits in data.items():
+        if not isinstance(limits, Mapping):
+            raise ServingError(f"{where}.model_limits.{model} must be a mapping")
+        parsed[str(model)] = Limits.from_mapping(limits, where=f"{where}.model_limits.{model}")
+    return parsed

@@ -1,0 +1,139 @@
+"""Reserve, then settle (DESIGN.md section 4), on top of any `QuotaStore`.
+
+    admission = engine.admit(key, model, prompt_estimate, requested_max_tokens)
+    if isinstance(admission, Refusal): answer 429
+    send upstream with max_tokens=admission.max_tokens, then exactly one of:
+        engine.settle(lease, usage...)   response complete
+        engine.abort(lease, seen...)     client went away mid-way
+        engine.fail(lease)               upstream failed before producing anything
+
+The reservation is `prompt_estimate + max_tokens`. "Never over a limit" holds when that is
+an upper bound of what is then charged: vLLM never exceeds `max_tokens`, and the caller must
+estimate the prompt from above (a byte-level BPE never makes more tokens than UTF-8 bytes).
+A charge above the reservation is still booked truthfully, so an estimator bug shows up as
+usage rather than disappearing.
+
+`fail` charges no tokens: the client got nothing, and a retry on another replica happens
+within the same lease. The request still counts against requests/min: it was admitted and
+did load the upstream, and refunding it would let a failing upstream be hammered past rpm.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from serving.gateway.quota.admission import Admission, Refusal
+from serving.gateway.quota.headers import RateLimitStatus
+from serving.gateway.quota.lease import Lease, LeaseState
+from serving.gateway.quota.limits import QuotaSubject, ScopedLimits, scoped_limits
+from serving.gateway.quota.store import QuotaStore
+
+DEFAULT_MAX_TOKENS = 4096
+# In-process, a lease outlives its request only through a bug; streams longer than this
+# must be renewed (`renew`) or they lose their slot and their key may exceed concurrency.
+DEFAULT_LEASE_TTL = 600.0
+
+
+class QuotaEngine:
+    """Usage: `QuotaEngine(InMemoryQuotaStore(), default_max_tokens=2048)`."""
+
+    def __init__(
+        self,
+        store: QuotaStore,
+        *,
+        default_max_tokens: int = DEFAULT_MAX_TOKENS,
+        lease_ttl: float = DEFAULT_LEASE_TTL,
+    ) -> None:
+        if default_max_tokens < 1:
+            raise ValueError(f"default_max_tokens must be at least 1, got {default_max_tokens}")
+        self.store = store
+        self._default_max_tokens = default_max_tokens
+        self._lease_ttl = lease_ttl
+
+    def admit(
+        self,
+        key: QuotaSubject,
+        model: str,
+        prompt_tokens_estimate: int,
+        requested_max_tokens: int | None,
+        *,
+        context_window: int | None = None,
+    ) -> Admission | Refusal:
+        """Reserve for one request of `key` to `model`, or refuse without consuming anything.
+
+        `requested_max_tokens` must have passed `check_max_tokens` (None: the client sent
+        none). `context_window`, the model's max_model_len, keeps an implied max_tokens from
+        exceeding what the model can generate after the prompt.
+        """
+        if prompt_tokens_estimate < 0:
+            raise ValueError(f"prompt_tokens_estimate must be >= 0, got {prompt_tokens_estimate}")
+        scopes = scoped_limits(key, model)
+        max_tokens = self.allowed_max_tokens(
+            scopes, requested_max_tokens, prompt_tokens_estimate, context_window
+        )
+        outcome = self.store.try_reserve(
+            scopes, prompt_tokens_estimate, max_tokens, self._lease_ttl
+        )
+        status = self.store.status(scopes)
+        if isinstance(outcome, Refusal):
+            return replace(outcome, rate_limit=status)
+        return Admission(lease=outcome, max_tokens=max_tokens, rate_limit=status)
+
+    def allowed_max_tokens(
+        self,
+        scopes: tuple[ScopedLimits, ...],
+        requested: int | None,
+        prompt_tokens_estimate: int = 0,
+        context_window: int | None = None,
+    ) -> int:
+        """The client's value capped by every scope's `max_tokens`; when absent, the cap (or
+        the engine default) further limited by the room the context window leaves."""
+        caps = [limits.max_tokens for _, limits in scopes if limits.max_tokens is not None]
+        cap = min(caps) if caps else None
+        if requested is not None:
+            return requested if cap is None else min(requested, cap)
+        implied = self._default_max_tokens if cap is None else cap
+        if context_window is not None:
+            implied = min(implied, max(1, context_window - prompt_tokens_estimate))
+        return implied
+
+    def settle(
+        self, lease: Lease, prompt_tokens: int | None, completion_tokens: int | None
+    ) -> bool:
+        """The response ended normally; charge vLLM's usage. A count that is unknown (None,
+        e.g. the usage chunk never came) is charged at its reserved amount."""
+        return self.store.finish(
+            lease, LeaseState.SETTLED, _charge(lease, prompt_tokens, completion_tokens)
+        )
+
+    def abort(self, lease: Lease, prompt_tokens: int | None, completion_tokens: int | None) -> bool:
+        """The client disconnected; charge what was generated so far (unknown: reserved)."""
+        return self.store.finish(
+            lease, LeaseState.ABORTED, _charge(lease, prompt_tokens, completion_tokens)
+        )
+
+    def fail(self, lease: Lease) -> bool:
+        """The upstream produced nothing (error, reset, timeout before the first byte)."""
+        return self.store.finish(lease, LeaseState.FAILED, 0)
+
+    def renew(self, lease: Lease) -> bool:
+        """Keep a long stream's lease from expiring; False if it has already ended."""
+        return self.store.renew(lease, self._lease_ttl)
+
+    def reclaim_expired(self) -> int:
+        return self.store.reclaim_expired()
+
+    def status(self, key: QuotaSubject, model: str) -> RateLimitStatus:
+        """Header values for a response that did not go through `admit`."""
+        return self.store.status(scoped_limits(key, model))
+
+
+def _charge(lease: Lease, prompt_tokens: int | None, completion_tokens: int | None) -> int:
+    # Negative counts can only come from a garbled upstream; treat them as unknown.
+    prompt = lease.prompt_estimate if prompt_tokens is None or prompt_tokens < 0 else prompt_tokens
+    completion = (
+        lease.max_tokens
+        if completion_tokens is None or completion_tokens < 0
+        else completion_tokens
+    )
+    return prompt + completion

@@ -1,0 +1,57 @@
+"""Rate-limit state as OpenAI reports it: the `x-ratelimit-*` response headers.
+
+Values are the key's (or key+model's) minute windows after this request's reservation;
+where a key and its per-model override both limit a dimension, the one with less left is
+shown. A dimension without a limit gets no headers (there is nothing true to say).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import NamedTuple
+
+
+class WindowStatus(NamedTuple):
+    limit: int
+    remaining: int
+    reset_after: float  # seconds until the window is empty again
+
+
+@dataclass(frozen=True, slots=True)
+class RateLimitStatus:
+    requests: WindowStatus | None = None
+    tokens: WindowStatus | None = None
+
+
+def format_reset(seconds: float) -> str:
+    """OpenAI's (Go's) duration format: `20ms`, `1s`, `1.5s`, `6m0s`, `1h0m0s`.
+
+    Rounded up to the millisecond: a client that waits exactly this long finds room again.
+    """
+    if seconds <= 0:
+        return "0s"
+    # round() first so float noise (0.1 * 1000 = 100.00000000000001) does not add 1 ms.
+    millis = math.ceil(round(seconds * 1000, 3))
+    if millis < 1000:
+        return f"{millis}ms"
+    hours, millis = divmod(millis, 3_600_000)
+    minutes, millis = divmod(millis, 60_000)
+    whole, fraction = divmod(millis, 1000)
+    secs = f"{whole}.{fraction:03d}".rstrip("0") if fraction else str(whole)
+    if hours:
+        return f"{hours}h{minutes}m{secs}s"
+    if minutes:
+        return f"{minutes}m{secs}s"
+    return f"{secs}s"
+
+
+def rate_limit_headers(status: RateLimitStatus) -> dict[str, str]:
+    headers: dict[str, str] = {}
+    for name, window in (("requests", status.requests), ("tokens", status.tokens)):
+        if window is None:
+            continue
+        headers[f"x-ratelimit-limit-{name}"] = str(window.limit)
+        headers[f"x-ratelimit-remaining-{name}"] = str(window.remaining)
+        headers[f"x-ratelimit-reset-{name}"] = format_reset(window.reset_after)
+    return headers

@@ -1,0 +1,112 @@
+"""Counters behind the limits: a sliding minute of 1-second buckets, and calendar budgets.
+
+Minute window. Usage is kept in 1 s buckets and a request is checked against the sum of the
+current bucket and the 60 before it (61 buckets). That makes the guarantee exact for every
+real interval, not just aligned ones: for any 60 s interval, the tokens (and requests)
+admitted within it never exceed the limit. Proof: let t be the last admission in the interval;
+every earlier one in it happened after t - 60, so sits in bucket >= floor(t) - 60, and all of
+them were counted when t was checked; settling only lowers what a bucket holds. The price is
+that capacity comes back after 60-61 s instead of exactly 60 s. A fixed 60 s window was
+rejected: it lets 2x the limit through across a window edge.
+
+Charges are booked in the bucket of admission (where the reservation was made), so a stream
+that runs for minutes is counted against the minute it started in.
+"""
+
+from __future__ import annotations
+
+import math
+
+# Buckets are 1 s wide, so bucket numbers are whole monotonic seconds.
+WINDOW_SECONDS = 60
+# The current bucket plus the 60 before it, see the module docstring.
+SPAN_BUCKETS = WINDOW_SECONDS + 1
+
+
+def bucket_of(monotonic: float) -> int:
+    return math.floor(monotonic)
+
+
+class SlidingWindow:
+    """Amounts per 1 s bucket over the last `SPAN_BUCKETS` buckets, with a running total."""
+
+    __slots__ = ("_buckets", "_total")
+
+    def __init__(self) -> None:
+        # Insertion order is bucket order: new amounts only ever land in the newest bucket.
+        self._buckets: dict[int, int] = {}
+        self._total = 0
+
+    def used(self, bucket: int) -> int:
+        """What the window holds as seen from `bucket` (the current one)."""
+        self._expire(bucket)
+        return self._total
+
+    def add(self, bucket: int, amount: int) -> None:
+        """Book `amount` (negative to refund) in `bucket`; a bucket already gone is ignored."""
+        held = self._buckets.get(bucket)
+        if held is not None:
+            self._buckets[bucket] = held + amount
+        elif not self._buckets or bucket > next(reversed(self._buckets)):
+            self._buckets[bucket] = amount
+        else:
+            return  # expired: it no longer counts against anything
+        self._total += amount
+
+    def retry_after(self, bucket: int, now: float, need: int, limit: int) -> float:
+        """Seconds until `need` more fits under `limit` (0 if it fits now, inf if never)."""
+        self._expire(bucket)
+        if need > limit:
+            return math.inf
+        excess = self._total + need - limit
+        if excess <= 0:
+            return 0.0
+        for old_bucket, amount in self._buckets.items():
+            excess -= amount
+            if excess <= 0:
+                return self._leaves_at(old_bucket) - now
+        return math.inf  # unreachable while amounts are non-negative
+
+    def reset_after(self, bucket: int, now: float) -> float:
+        """Seconds until the window holds nothing again (OpenAI's `x-ratelimit-reset-*`)."""
+        self._expire(bucket)
+        for old_bucket in reversed(self._buckets):
+            if self._buckets[old_bucket] > 0:
+                return max(0.0, self._leaves_at(old_bucket) - now)
+        return 0.0
+
+    def _expire(self, bucket: int) -> None:
+        oldest_kept = bucket - WINDOW_SECONDS
+        while self._buckets:
+            first = next(iter(self._buckets))
+            if first >= oldest_kept:
+                break
+            self._total -= self._buckets.pop(first)
+
+    @staticmethod
+    def _leaves_at(bucket: int) -> float:
+        return float(bucket + SPAN_BUCKETS)
+
+
+class PeriodCounter:
+    """Tokens spent in one named calendar period (a UTC day or month); resets when it changes."""
+
+    __slots__ = ("period", "spent")
+
+    def __init__(self, period: str, spent: int = 0) -> None:
+        self.period = period
+        self.spent = spent
+
+    def spent_in(self, period: str) -> int:
+        if period != self.period:
+            self.period, self.spent = period, 0
+        return self.spent
+
+    def add(self, period: str, amount: int) -> bool:
+        """Book `amount` in `period` if that is still the current one; False if it is over."""
+        if period != self.period:
+            if period < self.period:
+                return False  # a refund for yesterday: yesterday's budget no longer matters
+            self.period, self.spent = period, 0
+        self.spent += amount
+        return True

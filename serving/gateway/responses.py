@@ -1,0 +1,49 @@
+"""Complete responses the gateway writes itself (JSON bodies and OpenAI errors)."""
+
+from __future__ import annotations
+
+import json
+
+from serving.gateway.asgi import RawHeaders, Send
+from serving.gateway.errors import GatewayError
+from serving.gateway.headers import REQUEST_ID
+
+
+async def send_bytes(
+    send: Send,
+    status: int,
+    body: bytes,
+    *,
+    request_id: bytes,
+    content_type: bytes = b"application/json",
+    headers: RawHeaders | None = None,
+) -> None:
+    """Send a whole response with a known length, in one body message."""
+    response_headers: RawHeaders = [
+        (b"content-type", content_type),
+        (b"content-length", str(len(body)).encode()),
+        (REQUEST_ID, request_id),
+    ]
+    if headers:
+        response_headers.extend(headers)
+    await send({"type": "http.response.start", "status": status, "headers": response_headers})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+async def send_json(
+    send: Send,
+    status: int,
+    payload: object,
+    *,
+    request_id: bytes,
+    headers: RawHeaders | None = None,
+) -> None:
+    body = json.dumps(payload, separators=(",", ":")).encode()
+    await send_bytes(send, status, body, request_id=request_id, headers=headers)
+
+
+async def send_error(send: Send, error: GatewayError, *, request_id: bytes) -> None:
+    """An OpenAI-shaped error response with the error's status and headers."""
+    await send_bytes(
+        send, error.http_status, error.body(), request_id=request_id, headers=error.headers()
+    )

@@ -1,0 +1,150 @@
+"""`serving plan`: will this model fit on these GPUs, at what context, with how many sequences.
+
+    serving plan --model Qwen2.5-7B-Instruct --gpu rtx-4090 --gpus 4 --tp 4 --max-model-len 32768
+    serving plan --profile qwen3.5-9b-128k-tp4 --json
+
+Flags override the values of a `--profile`. Pure arithmetic: no torch, no vLLM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from serving.errors import ServingError
+from serving.paths import models_dir
+from serving.planner.catalog import names_awq, resolve_model
+from serving.planner.gpus import get_gpu, with_memory
+from serving.planner.plan import plan_for
+from serving.planner.render import plan_to_dict, render_table
+from serving.planner.settings import PlanSettings
+
+if TYPE_CHECKING:
+    from serving.profiles.model import Profile
+
+DEFAULT_GPU = "rtx-4090"
+BUILTIN_PREFIX = "builtin:"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--profile", help="profile name or YAML path to plan (flags override it)")
+    parser.add_argument(
+        "--model", help="catalog name (Qwen2.5-7B-Instruct, ...) or a directory with config.json"
+    )
+    parser.add_argument(
+        "--gpu", help=f"GPU type (default {DEFAULT_GPU}); `cpu` for vLLM's CPU engine"
+    )
+    parser.add_argument("--gpus", type=int, help="number of GPUs (default: --tp)")
+    parser.add_argument(
+        "--gpu-memory-gib",
+        type=float,
+        help="total GPU memory as vLLM reports it (overrides the GPU table)",
+    )
+    parser.add_argument("--tp", type=int, help="tensor parallel size (default 1)")
+    parser.add_argument("--dtype", help="auto, float16, bfloat16 (default auto)")
+    parser.add_argument("--quantization", help="none or awq (default none)")
+    parser.add_argument("--kv-cache-dtype", help="auto, float16, bfloat16, fp8, fp8_e4m3, fp8_e5m2")
+    parser.add_argument("--max-model-len", type=int, help="context length (default: the model's)")
+    parser.add_argument("--gpu-memory-utilization", type=float, help="fraction (default 0.9)")
+    parser.add_argument("--max-num-seqs", type=int, help="default: vLLM's for the device")
+    parser.add_argument("--max-num-batched-tokens", type=int, help="default: vLLM's for the device")
+    parser.add_argument("--kv-space-gib", type=float, help="CPU engine KV space (default 4)")
+    parser.add_argument("--block-size", type=int, help="KV block size (default 16 GPU, 128 CPU)")
+    parser.add_argument(
+        "--no-prefix-caching",
+        action="store_true",
+        help="plan with prefix caching off (hybrid models keep fewer states)",
+    )
+    parser.add_argument(
+        "--language-model-only",
+        action="store_true",
+        help="plan without the vision encoder (vLLM --language-model-only)",
+    )
+    parser.add_argument("--json", action="store_true", help="print the plan as JSON")
+
+
+def profile_model_ref(profile: Profile) -> str:
+    """The `--model` value for a profile: `builtin:NAME` is the project-built model's dir."""
+    if profile.model.startswith(BUILTIN_PREFIX):
+        name = profile.model.removeprefix(BUILTIN_PREFIX)
+        path = models_dir() / name
+        if not (path / "config.json").is_file():
+            raise ServingError(
+                f"profile {profile.name}: model {profile.model} is not built yet ({path}); "
+                "build it with `serving model` or pass --model"
+            )
+        return str(path)
+    return profile.model
+
+
+def profile_settings(profile: Profile) -> PlanSettings:
+    """PlanSettings carrying every engine setting of a profile."""
+    return PlanSettings(
+        tensor_parallel_size=profile.tensor_parallel_size,
+        gpu_count=profile.gpu_count,
+        dtype=profile.dtype,
+        quantization=profile.quantization,
+        kv_cache_dtype=profile.kv_cache_dtype,
+        max_model_len=profile.max_model_len,
+        gpu_memory_utilization=profile.gpu_memory_utilization,
+        max_num_seqs=profile.max_num_seqs,
+        max_num_batched_tokens=profile.max_num_batched_tokens,
+        kv_space_gib=profile.cpu_kv_space_gib,
+        block_size=profile.block_size,
+        prefix_caching=profile.enable_prefix_caching,
+        enforce_eager=profile.enforce_eager,
+    )
+
+
+def _load_profile(name: str) -> Profile:
+    from serving.profiles import load_profile  # the profiles package needs pydantic and YAML
+
+    return load_profile(name)
+
+
+def _with_flags(settings: PlanSettings, args: argparse.Namespace) -> PlanSettings:
+    overrides = {
+        "tensor_parallel_size": args.tp,
+        "gpu_count": args.gpus,
+        "dtype": args.dtype,
+        "quantization": args.quantization,
+        "kv_cache_dtype": args.kv_cache_dtype,
+        "max_model_len": args.max_model_len,
+        "gpu_memory_utilization": args.gpu_memory_utilization,
+        "max_num_seqs": args.max_num_seqs,
+        "max_num_batched_tokens": args.max_num_batched_tokens,
+        "kv_space_gib": args.kv_space_gib,
+        "block_size": args.block_size,
+        "prefix_caching": False if args.no_prefix_caching else None,
+        "language_model_only": True if args.language_model_only else None,
+    }
+    changed = {key: value for key, value in overrides.items() if value is not None}
+    return replace(settings, **changed)
+
+
+def run(args: argparse.Namespace) -> int:
+    profile = _load_profile(args.profile) if args.profile else None
+    settings = PlanSettings() if profile is None else profile_settings(profile)
+    model_ref = args.model
+    if model_ref is None and profile is not None:
+        model_ref = profile_model_ref(profile)
+    if not model_ref:
+        raise ServingError("--model: required (a catalog name or a directory), or give --profile")
+    spec = resolve_model(model_ref)
+    if args.quantization is None and settings.quantization == "none" and names_awq(model_ref):
+        settings = replace(settings, quantization="awq")
+    settings = _with_flags(settings, args)
+    gpu_name = DEFAULT_GPU
+    if profile is not None:
+        gpu_name = "cpu" if profile.device == "cpu" else (profile.gpu or DEFAULT_GPU)
+    gpu = get_gpu(args.gpu or gpu_name)
+    if args.gpu_memory_gib is not None:
+        gpu = with_memory(gpu, args.gpu_memory_gib)
+    plan = plan_for(spec, gpu, settings)
+    if args.json:
+        print(json.dumps(plan_to_dict(plan), indent=2))
+    else:
+        print(render_table(plan))
+    return 0

@@ -1,0 +1,230 @@
+"""A memory plan: what one replica holds per GPU, how many sequences fit, and a verdict.
+
+    plan = plan_for(resolve_model("Qwen2.5-7B-Instruct"), get_gpu("rtx-4090"),
+                    PlanSettings(tensor_parallel_size=4, max_model_len=32768))
+
+GPU budget, as vLLM computes it: usable = total x gpu_memory_utilization; KV space = usable -
+weights - activation peak (profiling, estimated) - non-torch memory - CUDA graph memory (both
+estimated). On the CPU engine the KV space is given (VLLM_CPU_KVCACHE_SPACE) and the weights
+live in host memory outside it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from serving.planner.activations import CUDA_GRAPH_BYTES, activation_estimate, non_torch_bytes
+from serving.planner.gpus import GiB, GpuSpec
+from serving.planner.kv import (
+    CPU_KERNEL_BLOCK,
+    GPU_KERNEL_BLOCK,
+    KvCapacity,
+    KvLayout,
+    kv_capacity,
+    kv_layout,
+)
+from serving.planner.models import ModelSpec
+from serving.planner.precision import kv_dtype_bytes, model_dtype_bytes
+from serving.planner.settings import PlanSettings, resolve
+from serving.planner.suggest import candidate_changes
+from serving.planner.weights import (
+    WeightBytes,
+    awq_shape_problem,
+    bytes_read_per_token,
+    param_count,
+    weight_bytes,
+)
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Why a plan does not fit: a short code and one line for people."""
+
+    code: str  # context | awq_shape | weights | memory | kv
+    message: str
+
+
+@dataclass(frozen=True)
+class Suggestion:
+    """The cheapest single change that makes a non-fitting plan fit."""
+
+    change: str
+    gpu: str
+    settings: PlanSettings
+    kv_tokens: int
+    max_sequences: int
+
+
+@dataclass(frozen=True)
+class Plan:
+    model: str
+    gpu: GpuSpec
+    settings: PlanSettings  # resolved: every default filled in
+    parameters: int
+    replicas: int  # gpu_count // tensor_parallel_size
+    # per GPU, bytes
+    usable_bytes: int  # total x utilization (CPU: the KV space)
+    weights: WeightBytes
+    activation_bytes: int  # estimate
+    non_torch_bytes: int  # estimate
+    cuda_graph_bytes: int  # estimate
+    kv_available_bytes: int
+    kv_bytes_per_token_model: int  # all full-attention layers, whole model, no replication
+    layout: KvLayout
+    capacity: KvCapacity
+    max_sequences: int  # per replica, at max_model_len: min(max_num_seqs, concurrency)
+    headroom_bytes: int  # KV space left after one sequence of max_model_len
+    decode_tokens_s: float | None  # one sequence, empty context (roofline)
+    decode_tokens_s_full_context: float | None  # one sequence at max_model_len (roofline)
+    problems: tuple[Problem, ...]
+    suggestion: Suggestion | None = None
+    notes: tuple[str, ...] = ()
+
+    @property
+    def fits(self) -> bool:
+        return not self.problems
+
+    @property
+    def binding(self) -> Problem | None:
+        return self.problems[0] if self.problems else None
+
+
+def _roofline(gpu: GpuSpec, read_bytes: int) -> float | None:
+    bandwidth = gpu.bandwidth_bytes_s
+    return None if bandwidth is None or read_bytes <= 0 else bandwidth / read_bytes
+
+
+def _problems(plan: Plan, spec: ModelSpec) -> tuple[Problem, ...]:
+    s = plan.settings
+    assert s.max_model_len is not None
+    found: list[Problem] = []
+    if s.max_model_len > spec.max_positions:
+        found.append(
+            Problem(
+                "context",
+                f"max_model_len {s.max_model_len} exceeds the model's "
+                f"max_position_embeddings {spec.max_positions}",
+            )
+        )
+    if s.quantization == "awq":
+        shape = awq_shape_problem(spec, s.tensor_parallel_size, s.awq_group_size)
+        if shape:
+            found.append(Problem("awq_shape", shape))
+    if not plan.gpu.is_cpu:
+        if plan.weights.total > plan.usable_bytes:
+            found.append(
+                Problem(
+                    "weights",
+                    f"weights need {plan.weights.total / GiB:.2f} GiB per GPU, "
+                    f"{s.gpu_memory_utilization:g} x memory is {plan.usable_bytes / GiB:.2f} GiB",
+                )
+            )
+        elif plan.kv_available_bytes <= 0:
+            found.append(
+                Problem(
+                    "memory",
+                    "weights + activations + overheads leave no memory for the KV cache",
+                )
+            )
+    need = plan.layout.bytes_per_sequence(s.max_model_len)
+    if plan.kv_available_bytes > 0 and plan.kv_available_bytes < need:
+        found.append(
+            Problem(
+                "kv",
+                f"one sequence of {s.max_model_len} tokens needs {need / GiB:.2f} GiB of KV "
+                f"cache per {'rank' if plan.gpu.is_cpu else 'GPU'}, "
+                f"{plan.kv_available_bytes / GiB:.2f} GiB is available",
+            )
+        )
+    return tuple(found)
+
+
+def evaluate(spec: ModelSpec, gpu: GpuSpec, settings: PlanSettings) -> Plan:
+    """The plan for exactly these settings (no suggestion)."""
+    s = resolve(spec, gpu, settings)
+    if s.language_model_only:
+        spec = replace(spec, vision_params=0)
+    assert s.max_model_len and s.max_num_seqs and s.max_num_batched_tokens and s.block_size
+    assert s.gpu_count is not None
+    tp = s.tensor_parallel_size
+    dtype_bytes = model_dtype_bytes(s.dtype, spec.dtype)
+    awq = s.awq_group_size if s.quantization == "awq" else None
+    weights = weight_bytes(spec, tp, dtype_bytes=dtype_bytes, awq_group_size=awq)
+    kv_bytes = kv_dtype_bytes(s.kv_cache_dtype, dtype_bytes)
+    layout = kv_layout(
+        spec,
+        tp,
+        kv_dtype_bytes=kv_bytes,
+        model_dtype_bytes=dtype_bytes,
+        block_size=s.block_size,
+        kernel_block=CPU_KERNEL_BLOCK if gpu.is_cpu else GPU_KERNEL_BLOCK,
+        prefix_caching=s.prefix_caching,
+    )
+    if gpu.is_cpu:
+        assert s.kv_space_gib is not None
+        usable = int(s.kv_space_gib * GiB)
+        activation = overhead = graphs = 0
+        available = usable
+    else:
+        usable = math.ceil(gpu.memory_bytes * s.gpu_memory_utilization)
+        activation = activation_estimate(
+            spec,
+            tp,
+            dtype_bytes=dtype_bytes,
+            max_num_batched_tokens=s.max_num_batched_tokens,
+            max_num_seqs=s.max_num_seqs,
+        ).peak_bytes
+        overhead = non_torch_bytes(tp)
+        graphs = 0 if s.enforce_eager else CUDA_GRAPH_BYTES
+        available = usable - weights.total - activation - overhead - graphs
+    capacity = kv_capacity(layout, available, s.max_model_len)
+    read = bytes_read_per_token(spec, weights)
+    full_context = layout.kv_bytes_per_token * s.max_model_len
+    full_context += layout.state_bytes_per_layer * spec.linear_layers
+    plan = Plan(
+        model=spec.name,
+        gpu=gpu,
+        settings=s,
+        parameters=param_count(spec),
+        replicas=max(1, s.gpu_count // tp),
+        usable_bytes=usable,
+        weights=weights,
+        activation_bytes=activation,
+        non_torch_bytes=overhead,
+        cuda_graph_bytes=graphs,
+        kv_available_bytes=available,
+        kv_bytes_per_token_model=2
+        * spec.full_attention_layers
+        * spec.kv_heads
+        * spec.head_dim
+        * kv_bytes,
+        layout=layout,
+        capacity=capacity,
+        max_sequences=min(s.max_num_seqs, math.floor(capacity.max_concurrency)),
+        headroom_bytes=available - layout.bytes_per_sequence(s.max_model_len),
+        decode_tokens_s=_roofline(gpu, read),
+        decode_tokens_s_full_context=_roofline(gpu, read + full_context),
+        problems=(),
+        notes=spec.notes,
+    )
+    return replace(plan, problems=_problems(plan, spec))
+
+
+def plan_for(spec: ModelSpec, gpu: GpuSpec, settings: PlanSettings) -> Plan:
+    """The plan, and for a plan that does not fit, the cheapest change that makes it fit."""
+    plan = evaluate(spec, gpu, settings)
+    if plan.fits:
+        return plan
+    for change, new_gpu, new_settings in candidate_changes(spec, gpu, plan.settings):
+        candidate = evaluate(spec, new_gpu, new_settings)
+        if candidate.fits:
+            suggestion = Suggestion(
+                change=change,
+                gpu=new_gpu.name,
+                settings=candidate.settings,
+                kv_tokens=candidate.capacity.tokens,
+                max_sequences=candidate.max_sequences,
+            )
+            return replace(plan, suggestion=suggestion)
+    return plan

@@ -1,0 +1,64 @@
+"""Single changes to try on a plan that does not fit, cheapest first.
+
+Order: fp8 KV cache (free, small quality cost), a shorter max_model_len, AWQ int4 weights,
+more tensor parallelism (next powers of two that divide the heads), a bigger GPU. On the CPU
+engine a bigger VLLM_CPU_KVCACHE_SPACE replaces the bigger GPU. `plan.plan_for` evaluates
+them in this order and reports the first that fits.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import replace
+
+from serving.errors import ServingError
+from serving.planner.gpus import GpuSpec, larger_gpus
+from serving.planner.models import ModelSpec
+from serving.planner.precision import is_fp8
+from serving.planner.settings import PlanSettings, resolve
+
+Change = tuple[str, GpuSpec, PlanSettings]
+MIN_CONTEXT = 1024
+MAX_TP = 16
+
+
+def _shorter_contexts(spec: ModelSpec, current: int) -> list[int]:
+    lengths = {2**k for k in range(10, 22) if MIN_CONTEXT <= 2**k < current}
+    if spec.max_positions < current:
+        lengths.add(spec.max_positions)
+    return sorted(lengths, reverse=True)
+
+
+def _valid(spec: ModelSpec, gpu: GpuSpec, settings: PlanSettings) -> bool:
+    try:
+        resolve(spec, gpu, settings)
+    except ServingError:
+        return False
+    return True
+
+
+def candidate_changes(spec: ModelSpec, gpu: GpuSpec, settings: PlanSettings) -> Iterator[Change]:
+    """(description, gpu, settings) for each single change, cheapest first."""
+    if not is_fp8(settings.kv_cache_dtype):
+        yield "--kv-cache-dtype fp8", gpu, replace(settings, kv_cache_dtype="fp8")
+    current = settings.max_model_len or spec.max_positions
+    for length in _shorter_contexts(spec, current):
+        yield f"--max-model-len {length}", gpu, replace(settings, max_model_len=length)
+    if settings.quantization == "none" and not gpu.is_cpu:
+        yield "--quantization awq", gpu, replace(settings, quantization="awq")
+    tp = settings.tensor_parallel_size
+    more = [2**k for k in range(1, 5) if tp < 2**k <= MAX_TP]
+    for new_tp in more:
+        count = max(settings.gpu_count or tp, new_tp)
+        changed = replace(settings, tensor_parallel_size=new_tp, gpu_count=count)
+        if _valid(spec, gpu, changed):
+            yield f"--tp {new_tp} --gpus {count}", gpu, changed
+    if gpu.is_cpu:
+        space = settings.kv_space_gib or 0.0
+        for factor in (2, 4, 8):
+            gib = float(math.ceil(space * factor))
+            yield f"--kv-space-gib {gib:g}", gpu, replace(settings, kv_space_gib=gib)
+        return
+    for bigger in larger_gpus(gpu):
+        yield f"--gpu {bigger.name}", bigger, settings

@@ -1,0 +1,244 @@
+"""Random interleavings of admit, settle, abort, fail, renew, expiry and time, checked
+against an independent model of what each lease holds.
+
+Invariants: no limit is exceeded in any 60 s interval or calendar period; the store's
+counters equal the model's; in-flight counts are never negative and return to zero; every
+lease is charged exactly once; a refused request changes nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    Bundle,
+    RuleBasedStateMachine,
+    invariant,
+    multiple,
+    rule,
+)
+
+from serving.gateway.quota import (
+    InMemoryQuotaStore,
+    Lease,
+    LeaseState,
+    Limits,
+    ManualClock,
+    QuotaEngine,
+    Refusal,
+    Scope,
+)
+from serving.gateway.quota.clock import utc_day, utc_month
+from tests.gateway.quota.subjects import Subject, utc
+
+TTL = 30.0
+DEFAULT_MAX_TOKENS = 50
+KEYS = (
+    Subject(
+        "key_a",
+        Limits(
+            rpm=5,
+            tpm=400,
+            tokens_per_day=1500,
+            tokens_per_month=3000,
+            max_concurrency=3,
+            max_tokens=60,
+        ),
+        {"m1": Limits(rpm=3, tpm=200, max_concurrency=2, max_tokens=40)},
+    ),
+    Subject("key_b", Limits(rpm=4, max_concurrency=2)),
+    Subject(
+        "key_c",
+        Limits(tpm=300, tokens_per_day=800, max_tokens=100),
+        {"m2": Limits(tokens_per_day=300, max_tokens=20)},
+    ),
+)
+MODELS = ("m1", "m2", "m3")
+ALL_SCOPES: dict[Scope, Limits] = {Scope(key.key_id): key.limits for key in KEYS} | {
+    Scope(key.key_id, model): limits for key in KEYS for model, limits in key.model_limits.items()
+}
+# Two minutes before a day and a month end, so short runs cross both.
+START_WALL = utc(2024, 1, 31, 23, 58)
+
+
+@dataclass
+class Admitted:
+    lease: Lease
+    scopes: tuple[Scope, ...]
+    at: float  # monotonic seconds at admission
+    day: str
+    month: str
+    reserved: int
+    charge: int  # what it holds: the reservation while active, the charge once ended
+    expires_at: float
+    endings: int = 0
+
+
+class QuotaMachine(RuleBasedStateMachine):
+    admissions = Bundle("admissions")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.clock = ManualClock(monotonic=1000.0, wall=START_WALL)
+        self.store = InMemoryQuotaStore(self.clock)
+        self.engine = QuotaEngine(self.store, default_max_tokens=DEFAULT_MAX_TOKENS, lease_ttl=TTL)
+        self.records: list[Admitted] = []
+
+    @rule(
+        target=admissions,
+        key_index=st.integers(0, len(KEYS) - 1),
+        model=st.sampled_from(MODELS),
+        prompt=st.integers(0, 120),
+        requested=st.none() | st.integers(1, 150),
+    )
+    def admit(self, key_index: int, model: str, prompt: int, requested: int | None) -> object:
+        key = KEYS[key_index]
+        scopes = (Scope(key.key_id),) + (
+            (Scope(key.key_id, model),) if model in key.model_limits else ()
+        )
+        # Reclaim first, so the snapshot below cannot differ merely by an expiry.
+        self.reclaim()
+        before = [self.store.usage(scope) for scope in scopes]
+        outcome = self.engine.admit(key, model, prompt, requested)
+        if isinstance(outcome, Refusal):
+            assert [self.store.usage(scope) for scope in scopes] == before
+            return multiple()
+        caps = [ALL_SCOPES[scope].max_tokens for scope in scopes]
+        cap = min((value for value in caps if value is not None), default=None)
+        expected = DEFAULT_MAX_TOKENS if cap is None else cap
+        if requested is not None:
+            expected = requested if cap is None else min(requested, cap)
+        assert outcome.max_tokens == expected
+        now, wall = self.clock.monotonic(), self.clock.wall()
+        record = Admitted(
+            lease=outcome.lease,
+            scopes=scopes,
+            at=now,
+            day=utc_day(wall),
+            month=utc_month(wall),
+            reserved=prompt + expected,
+            charge=prompt + expected,
+            expires_at=now + TTL,
+        )
+        self.records.append(record)
+        return record
+
+    @rule(
+        record=admissions,
+        abort=st.booleans(),
+        prompt_share=st.none() | st.floats(0, 1),
+        completion_share=st.none() | st.floats(0, 1),
+    )
+    def settle_or_abort(
+        self,
+        record: Admitted,
+        abort: bool,
+        prompt_share: float | None,
+        completion_share: float | None,
+    ) -> None:
+        lease = record.lease
+        prompt = None if prompt_share is None else math.floor(prompt_share * lease.prompt_estimate)
+        completion = (
+            None if completion_share is None else math.floor(completion_share * lease.max_tokens)
+        )
+        end = self.engine.abort if abort else self.engine.settle
+        charge = (lease.prompt_estimate if prompt is None else prompt) + (
+            lease.max_tokens if completion is None else completion
+        )
+        self._ended(record, end(lease, prompt, completion), charge)
+
+    @rule(record=admissions)
+    def fail(self, record: Admitted) -> None:
+        self._ended(record, self.engine.fail(record.lease), 0)
+
+    @rule(record=admissions)
+    def renew(self, record: Admitted) -> None:
+        renewed = self.engine.renew(record.lease)
+        assert renewed == (record.endings == 0)
+        if renewed:
+            record.expires_at = self.clock.monotonic() + TTL
+
+    @rule(seconds=st.sampled_from([0.0, 0.3, 1.0, 7.0, 29.5, 31.0, 59.5, 60.0, 61.0, 600.0]))
+    def advance(self, seconds: float) -> None:
+        self.clock.advance(seconds)
+
+    @rule()
+    def reclaim(self) -> None:
+        now = self.clock.monotonic()
+        due = [r for r in self.records if r.endings == 0 and r.expires_at <= now]
+        assert self.engine.reclaim_expired() == len(due)
+        for record in due:
+            assert record.lease.state is LeaseState.EXPIRED
+            record.endings = 1  # charged its full reservation, once
+
+    def _ended(self, record: Admitted, applied: bool, charge: int) -> None:
+        assert applied == (record.endings == 0)
+        if applied:
+            record.endings = 1
+            record.charge = charge
+        assert record.lease.charged_tokens == record.charge
+
+    @invariant()
+    def in_flight_matches_and_respects_concurrency(self) -> None:
+        for scope, limits in ALL_SCOPES.items():
+            active = sum(1 for r in self.records if r.endings == 0 and scope in r.scopes)
+            assert self.store.usage(scope).in_flight == active >= 0
+            if limits.max_concurrency is not None:
+                assert active <= limits.max_concurrency
+
+    @invariant()
+    def no_sixty_second_interval_exceeds_a_minute_limit(self) -> None:
+        for scope, limits in ALL_SCOPES.items():
+            mine = [r for r in self.records if scope in r.scopes]
+            for last in mine:
+                # Every interval's admissions fit in the 60 s closed interval ending at its
+                # last admission, so checking those intervals checks all of them.
+                inside = [r for r in mine if last.at - 60 <= r.at <= last.at]
+                if limits.rpm is not None:
+                    assert len(inside) <= limits.rpm
+                if limits.tpm is not None:
+                    assert sum(r.charge for r in inside) <= limits.tpm
+
+    @invariant()
+    def no_calendar_period_exceeds_its_budget(self) -> None:
+        for scope, limits in ALL_SCOPES.items():
+            mine = [r for r in self.records if scope in r.scopes]
+            for period in {r.day for r in mine}:
+                spent = sum(r.charge for r in mine if r.day == period)
+                assert limits.tokens_per_day is None or spent <= limits.tokens_per_day
+            for period in {r.month for r in mine}:
+                spent = sum(r.charge for r in mine if r.month == period)
+                assert limits.tokens_per_month is None or spent <= limits.tokens_per_month
+
+    @invariant()
+    def store_counters_equal_the_model(self) -> None:
+        now, wall = self.clock.monotonic(), self.clock.wall()
+        oldest_bucket = math.floor(now) - 60
+        for scope in ALL_SCOPES:
+            mine = [r for r in self.records if scope in r.scopes]
+            in_window = [r for r in mine if math.floor(r.at) >= oldest_bucket]
+            usage = self.store.usage(scope)
+            assert usage.requests_in_window == len(in_window)
+            assert usage.tokens_in_window == sum(r.charge for r in in_window)
+            assert usage.tokens_today == sum(r.charge for r in mine if r.day == utc_day(wall))
+            assert usage.tokens_this_month == sum(
+                r.charge for r in mine if r.month == utc_month(wall)
+            )
+
+    def teardown(self) -> None:
+        for record in self.records:
+            if record.endings == 0:
+                assert self.engine.settle(record.lease, None, None)
+                record.endings = 1
+        for scope in ALL_SCOPES:
+            assert self.store.usage(scope).in_flight == 0
+        assert all(r.endings == 1 and not r.lease.active for r in self.records)
+
+
+QuotaMachine.TestCase.settings = settings(
+    max_examples=150, stateful_step_count=60, deadline=None, database=None
+)
+TestQuotaMachine = QuotaMachine.TestCase

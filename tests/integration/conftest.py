@@ -1,0 +1,111 @@
+"""One real stack per test session: `serving up` (real vLLM on the tiny model + gateway).
+
+Everything under tests/integration is marked `integration`. The stack is started through the
+real command, the way a user starts it, and stopped with SIGINT at the end of the session,
+which also checks that no engine process outlives it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+import pytest
+from openai import OpenAI
+
+from serving.engine.process import http_ok
+
+REPO = Path(__file__).resolve().parents[2]
+TEST_KEY = "sk-test-integration-0123456789abcdef"
+MODEL = "qwen3-tiny"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.integration)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def serving_env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.setdefault("SERVING_HOME", str(REPO / "var"))
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra)
+    return env
+
+
+@dataclass(frozen=True)
+class Stack:
+    gateway_url: str
+    engine_url: str
+    api_key: str
+    process: subprocess.Popen[str]
+    output: Path
+
+    def client(self, **kwargs: object) -> OpenAI:
+        return OpenAI(base_url=f"{self.gateway_url}/v1", api_key=self.api_key, **kwargs)  # type: ignore[arg-type]
+
+    def direct_client(self) -> OpenAI:
+        return OpenAI(base_url=f"{self.engine_url}/v1", api_key="unused")
+
+
+def wait_for(url: str, process: subprocess.Popen[str], output: Path, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"stack exited with {process.returncode}:\n{output.read_text()[-3000:]}")
+        if http_ok(url):
+            return
+        time.sleep(0.5)
+    raise RuntimeError(f"{url} not healthy after {timeout}s:\n{output.read_text()[-3000:]}")
+
+
+def descendants(pid: int) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    port, engine_port = free_port(), free_port()
+    output = tmp_path_factory.mktemp("stack") / "serving-up.out"
+    with output.open("w") as sink:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "serving.cli", "up", "--port", str(port),
+             "--engine-port", str(engine_port)],
+            env=serving_env(SERVING_API_KEY=TEST_KEY),
+            stdout=sink, stderr=subprocess.STDOUT, text=True, cwd=REPO,
+        )  # fmt: skip
+    stack = Stack(f"http://127.0.0.1:{port}", f"http://127.0.0.1:{engine_port}", TEST_KEY,
+                  process, output)  # fmt: skip
+    try:
+        wait_for(f"{stack.gateway_url}/healthz", process, output, timeout=900)
+        wait_for(f"{stack.engine_url}/health", process, output, timeout=60)
+        yield stack
+    finally:
+        children = descendants(process.pid)
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            raise
+        _, alive = psutil.wait_procs(children, timeout=30)
+        assert not alive, f"processes left behind by serving up: {alive}"

@@ -1,0 +1,40 @@
+"""Closing a stream early aborts the request in vLLM (its KV cache is freed at once)."""
+
+from __future__ import annotations
+
+import re
+import time
+import urllib.request
+
+from tests.integration.conftest import MODEL, Stack
+
+RUNNING = re.compile(r"^vllm:num_requests_running\{[^}]*\} ([0-9.]+)$", re.MULTILINE)
+
+
+def running_requests(engine_url: str) -> float:
+    with urllib.request.urlopen(f"{engine_url}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    values = [float(value) for value in RUNNING.findall(text)]
+    assert values, "vllm:num_requests_running missing from vLLM's /metrics"
+    return sum(values)
+
+
+def test_closing_a_stream_early_frees_the_engine(stack: Stack) -> None:
+    assert running_requests(stack.engine_url) == 0
+    stream = stack.client().chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Tell me a long story."}],
+        max_tokens=1800, stream=True, extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    received = 0
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            received += 1
+        if received >= 3:
+            break
+    # The request is really running in the engine while we hold the stream open.
+    assert running_requests(stack.engine_url) >= 1
+    stream.close()
+    deadline = time.monotonic() + 5
+    while running_requests(stack.engine_url) > 0:
+        assert time.monotonic() < deadline, "vLLM still runs the request after the client left"
+        time.sleep(0.1)

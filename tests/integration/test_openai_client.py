@@ -1,0 +1,81 @@
+"""The official `openai` client against the gateway in front of real vLLM on the tiny model."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.integration.conftest import MODEL, Stack
+
+MESSAGES = [{"role": "user", "content": "Tell me about the weather."}]
+
+
+def test_models_list_shows_the_served_model(stack: Stack) -> None:
+    models = stack.client().models.list()
+    assert [model.id for model in models] == [MODEL]
+
+
+def test_chat_completion(stack: Stack) -> None:
+    reply = stack.client().chat.completions.create(
+        model=MODEL, messages=MESSAGES, max_tokens=16, temperature=0  # type: ignore[arg-type]
+    )
+    choice = reply.choices[0]
+    assert choice.message.role == "assistant"
+    assert isinstance(choice.message.content, str) and choice.message.content.strip()
+    assert reply.usage is not None and 0 < reply.usage.completion_tokens <= 16
+    assert reply.usage.prompt_tokens > 5
+
+
+def test_max_tokens_is_respected(stack: Stack) -> None:
+    reply = stack.client().chat.completions.create(
+        model=MODEL, messages=MESSAGES, max_tokens=7, temperature=0,  # type: ignore[arg-type]
+        extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    assert reply.usage is not None and reply.usage.completion_tokens == 7
+    assert reply.choices[0].finish_reason == "length"
+
+
+def test_stream_arrives_in_chunks_and_usage_matches_vllm(stack: Stack) -> None:
+    params = {"model": MODEL, "messages": MESSAGES, "max_tokens": 24, "temperature": 0,
+              "extra_body": {"ignore_eos": True}}  # fmt: skip
+    stream = stack.client().chat.completions.create(
+        stream=True, stream_options={"include_usage": True}, **params  # type: ignore[call-overload]
+    )
+    pieces: list[str] = []
+    usage = None
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            pieces.append(chunk.choices[0].delta.content)
+        if chunk.usage is not None:
+            usage = chunk.usage
+    assert len(pieces) >= 5, pieces
+    assert usage is not None and usage.completion_tokens == 24
+    direct = stack.direct_client().chat.completions.create(**params)  # type: ignore[call-overload]
+    assert direct.usage.prompt_tokens == usage.prompt_tokens
+    assert direct.usage.completion_tokens == usage.completion_tokens
+    assert direct.choices[0].message.content == "".join(pieces)
+
+
+def test_stream_without_usage_request_carries_no_usage(stack: Stack) -> None:
+    stream = stack.client().chat.completions.create(
+        model=MODEL, messages=MESSAGES, max_tokens=5, stream=True  # type: ignore[arg-type]
+    )
+    assert all(chunk.usage is None for chunk in stream)
+
+
+def test_completion(stack: Stack) -> None:
+    reply = stack.client().completions.create(
+        model=MODEL, prompt="The weather today is", max_tokens=6, temperature=0,
+        extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    assert reply.choices[0].text
+    assert reply.usage is not None and reply.usage.completion_tokens == 6
+
+
+def test_unknown_model_is_an_openai_error(stack: Stack) -> None:
+    import openai
+
+    with pytest.raises(openai.NotFoundError) as excinfo:
+        stack.client().chat.completions.create(
+            model="no-such-model", messages=MESSAGES, max_tokens=4  # type: ignore[arg-type]
+        )
+    assert excinfo.value.status_code == 404

@@ -1,0 +1,50 @@
+"""`serving engine --profile cpu-tiny-tp2`: TP=2 on CPU answers, and SIGTERM leaves no workers."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+import psutil
+from openai import OpenAI
+
+from serving.engine.process import http_ok
+from tests.integration.conftest import MODEL, REPO, descendants, free_port, serving_env
+
+
+def test_tp2_engine_answers_and_stops_cleanly() -> None:
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "serving.cli", "engine", "--profile", "cpu-tiny-tp2",
+         "--port", str(port)],
+        env=serving_env(), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 600
+        while not http_ok(f"http://127.0.0.1:{port}/health"):
+            assert process.poll() is None, process.stdout.read() if process.stdout else ""
+            assert time.monotonic() < deadline, "TP=2 engine did not start"
+            time.sleep(1)
+        workers = [p for p in descendants(process.pid) if "python" in p.name().lower()]
+        # The API server, the engine core and one worker per rank.
+        assert len(workers) >= 3, workers
+        client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused")
+        reply = client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "Hello there."}],
+            max_tokens=8, temperature=0, extra_body={"ignore_eos": True},
+        )  # fmt: skip
+        assert reply.usage is not None and reply.usage.completion_tokens == 8
+        assert reply.choices[0].message.content
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+            assert b"vllm:num_requests_running" in response.read()
+    finally:
+        children = descendants(process.pid)
+        process.send_signal(signal.SIGTERM)
+        code = process.wait(timeout=90)
+        _, alive = psutil.wait_procs(children, timeout=30)
+    assert code == 0
+    assert not alive, f"workers left behind: {alive}"
+

@@ -1,0 +1,89 @@
+"""`serving plan` through `serving.cli.main`: JSON for tools, one-line errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import serving.cli as cli
+
+
+@pytest.fixture(autouse=True)
+def _only_plan(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Other sub-commands live in modules other engineers are writing; plan needs none of them.
+    monkeypatch.setattr(cli, "SUBCOMMANDS", {"plan": cli.SUBCOMMANDS["plan"]})
+
+
+def _plan_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, object]:
+    assert cli.main(["plan", *argv, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert isinstance(data, dict)
+    return data
+
+
+def test_json_for_7b_tp4(capsys: pytest.CaptureFixture[str]) -> None:
+    data = _plan_json(
+        capsys, "--model", "Qwen2.5-7B-Instruct", "--gpu", "rtx-4090", "--gpus", "4", "--tp", "4",
+        "--max-model-len", "32768",
+    )  # fmt: skip
+    assert data["fits"] is True
+    kv = data["kv"]
+    assert isinstance(kv, dict)
+    assert kv["bytes_per_token_model"] == 57344
+    assert kv["bytes_per_token_per_gpu"] == 14336
+    assert kv["capacity_tokens"] > 1_000_000
+
+
+def test_json_suggestion(capsys: pytest.CaptureFixture[str]) -> None:
+    data = _plan_json(
+        capsys, "--model", "Qwen2.5-7B-Instruct", "--max-model-len", "32768",
+        "--gpu-memory-utilization", "0.7",
+    )  # fmt: skip
+    assert data["fits"] is False and data["binding"] == "kv"
+    suggestion = data["suggestion"]
+    assert isinstance(suggestion, dict) and suggestion["change"] == "--kv-cache-dtype fp8"
+
+
+def test_table_output(capsys: pytest.CaptureFixture[str]) -> None:
+    assert (
+        cli.main(["plan", "--model", "Qwen3.5-9B", "--tp", "4", "--max-model-len", "131072"]) == 0
+    )
+    out = capsys.readouterr().out
+    assert "linear-attention state per sequence" in out
+    assert "Verdict: FITS" in out
+
+
+def test_local_config_and_cpu(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    config = {
+        "model_type": "qwen3", "head_dim": 32, "hidden_size": 128, "intermediate_size": 256,
+        "max_position_embeddings": 2048, "num_attention_heads": 4, "num_hidden_layers": 2,
+        "num_key_value_heads": 2, "tie_word_embeddings": True, "vocab_size": 4096,
+    }  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    data = _plan_json(capsys, "--model", str(tmp_path), "--gpu", "cpu", "--kv-space-gib", "1")
+    kv = data["kv"]
+    assert isinstance(kv, dict)
+    page = 2 * 2 * 128 * 2 * 32 * 2  # layers x K,V x block 128 x kv heads x head_dim x bf16
+    assert kv["num_blocks"] == 1024**3 // page
+    assert kv["block_size"] == 128
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--model", "Qwen2.5-7B-Instruct", "--gpu", "v100"], "--gpu: unknown GPU 'v100'"),
+        (["--model", "Qwen2.5-7B-Instruct", "--tp", "8"], "--tp: 8 does not divide"),
+        (["--model", "Qwen2.5-7B-Instruct", "--max-model-len", "-5"], "--max-model-len: must be"),
+        (["--model", "nope"], "--model: unknown model 'nope'"),
+        ([], "--model: required"),
+    ],
+)
+def test_errors_are_one_line(
+    capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    assert cli.main(["plan", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert err.startswith(f"serving plan: error: {message}")
