@@ -7,9 +7,17 @@ STAMP := $(VENV)/.installed
 export SERVING_HOME ?= $(CURDIR)/var
 PROFILE ?= cpu-tiny
 
-.PHONY: up test lint typecheck unit integration venv clean
+.PHONY: up test lint typecheck unit integration venv system-deps loadtest loadtest-crosscheck bench clean
 
 venv: $(STAMP)
+
+# Services and tools the tests drive for real (headless Chromium for the report pages).
+SYSTEM_STAMP := $(VENV)/.system-deps
+system-deps: $(SYSTEM_STAMP)
+$(SYSTEM_STAMP): Makefile | $(STAMP)
+	@command -v chromium >/dev/null || { apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
+	@touch $@
 
 # Re-run only when the dependency list changes. vLLM's CPU wheel drags in PyPI's CUDA
 # torchvision/torchaudio/torchcodec, which break `transformers` imports on the CPU torch
@@ -25,8 +33,8 @@ up: $(STAMP)
 	$(BIN)/serving up --profile $(PROFILE)
 
 lint: $(STAMP)
-	$(BIN)/ruff check serving tests
-	$(BIN)/ruff format --check serving tests
+	$(BIN)/ruff check serving loadtest bench tests
+	$(BIN)/ruff format --check serving loadtest bench tests
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
@@ -37,8 +45,28 @@ unit: $(STAMP)
 integration: $(STAMP)
 	$(BIN)/python -m pytest -q -m integration
 
-test: lint typecheck
+test: lint typecheck $(SYSTEM_STAMP)
 	$(BIN)/python -m pytest -q -rfEs
+
+# Load tests run against the stack on $(PORT)/$(ENGINE_PORT), starting it when it is not up.
+PORT ?= 8000
+ENGINE_PORT ?= 8001
+LOADTEST_OUT ?= var/loadtest
+LOADTEST_ARGS ?= --workload short-chat --users 4 --duration 20s
+WITH_STACK := $(BIN)/python -m loadtest.with_stack --profile $(PROFILE) --port $(PORT) --engine-port $(ENGINE_PORT) --
+loadtest: $(STAMP)
+	$(WITH_STACK) $(BIN)/python -m loadtest run --host http://127.0.0.1:$(PORT) \
+	  --engine-metrics http://127.0.0.1:$(ENGINE_PORT)/metrics \
+	  --gateway-metrics http://127.0.0.1:$(PORT)/metrics \
+	  --profile $(PROFILE) $(LOADTEST_ARGS) --out $(LOADTEST_OUT)/run
+
+loadtest-crosscheck: $(STAMP)
+	$(WITH_STACK) $(BIN)/python -m loadtest crosscheck --host http://127.0.0.1:$(ENGINE_PORT) \
+	  --engine-metrics http://127.0.0.1:$(ENGINE_PORT)/metrics \
+	  --profile $(PROFILE) --concurrency 4 --num-prompts 64 --out $(LOADTEST_OUT)/crosscheck
+
+bench: $(STAMP)
+	$(BIN)/python -m bench.gateway_overhead
 
 clean:
 	rm -rf $(VENV) var .mypy_cache .ruff_cache .pytest_cache

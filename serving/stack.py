@@ -27,6 +27,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="address the gateway binds")
     parser.add_argument("--port", type=int, default=8000, help="gateway port")
     parser.add_argument("--engine-port", type=int, default=DEFAULT_ENGINE_PORT)
+    parser.add_argument(
+        "--keys-db",
+        default=None,
+        metavar="PATH",
+        help="key store the gateway uses, as written by `serving keys create --store PATH` "
+        "(default: $SERVING_HOME/keys.db)",
+    )
 
 
 def dev_api_key() -> str:
@@ -45,11 +52,19 @@ def dev_api_key() -> str:
     return key
 
 
-def start_gateway(upstream: str, host: str, port: int, api_key: str) -> subprocess.Popen[bytes]:
+def start_gateway(
+    upstream: str, host: str, port: int, api_key: str, keys_db: str | None = None
+) -> subprocess.Popen[bytes]:
+    """The gateway in front of `upstream`: keys from `keys_db` (default $SERVING_HOME/keys.db,
+    managed with `serving keys`) plus the development key `api_key` (public id `dev`)."""
     log_path = logs_dir() / "gateway.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     argv = [sys.executable, "-m", "serving.cli", "gateway", "--upstream", upstream]
     argv += ["--host", host, "--port", str(port)]
+    argv += ["--keys-db", keys_db or str(serving_home() / "keys.db")]
+    # No load balancer watches /readyz here: stop at once on SIGTERM (in-flight requests
+    # still finish).
+    argv += ["--drain-delay", "0"]
     # The key travels in the environment, never on a command line that `ps` shows.
     env = {**os.environ, DEV_KEY_ENV: api_key}
     with log_path.open("ab") as log:
@@ -117,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         engine_seconds = supervisor.start()
         upstream = f"http://127.0.0.1:{args.engine_port}"
-        gateway = start_gateway(upstream, args.host, args.port, api_key)
+        gateway = start_gateway(upstream, args.host, args.port, api_key, args.keys_db)
         print(banner(f"http://{args.host}:{args.port}", profile.served_model_name, api_key,
                      engine_seconds, profile.name), flush=True)
         watcher = threading.Thread(target=watch, name="engine-supervisor", daemon=True)

@@ -1,29 +1,61 @@
 """The gateway as one plain ASGI application.
 
-    app = create_app(settings)     # run it with uvicorn, lifespan="on"
+    app = create_app(settings)     # run it with uvicorn, lifespan="on" (see `server`)
 
 Routes:
 - ``/healthz``  the process is alive (no auth, no upstream call);
-- ``/readyz``   200 when the upstream's ``/health`` answers 200, else 503 (no auth);
-- ``/v1/...``   every method, behind the API key, forwarded to the upstream by `proxy`;
+- ``/readyz``   200 when the upstream's ``/health`` answers 200 and the gateway is not
+                draining, else 503 (no auth);
+- ``/metrics``  Prometheus text format (no auth: scraped by Prometheus/Kubernetes; it holds
+                public key ids, never secrets);
+- ``/v1/...``   behind an API key. POST /v1/chat/completions and /v1/completions are metered
+                (`metering`); other paths are forwarded as they are, except that a key with
+                limits or a model list may only use the metered paths and GET /v1/models;
 - anything else: 404 in OpenAI error shape.
 
-The ASGI lifespan opens the upstream session at startup and closes it at shutdown; there is
-no state outside the app object. Each request does its header work in one pass; nothing the
-gateway adds runs per chunk of a response.
+Everything lives on the app object (no globals): key stores, quota engine, metrics registry.
+The ASGI lifespan opens the upstream session and starts the background health/lease upkeep
+at startup, and stops them, persists budgets and closes the stores at shutdown.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
 from urllib.parse import quote
 
-from serving.gateway.asgi import ASGIApp, Receive, Scope, Send
-from serving.gateway.auth import Authenticator, StaticKeyAuthenticator
-from serving.gateway.errors import BodyTooLargeError, GatewayError, RouteNotFoundError
+from serving.gateway.asgi import Receive, Scope, Send
+from serving.gateway.auth import (
+    Authenticator,
+    Caller,
+    KeyStoreAuthenticator,
+    StaticKeyAuthenticator,
+    is_restricted,
+)
+from serving.gateway.errors import (
+    BodyTooLargeError,
+    EndpointNotAllowedError,
+    GatewayError,
+    RouteNotFoundError,
+)
 from serving.gateway.headers import REQUEST_ID, request_id
+from serving.gateway.health import HealthMonitor, ModelCatalog
+from serving.gateway.keys import FileKeyStore, KeyStore, SqliteKeyStore
+from serving.gateway.metering import Metering, upstream_error_kind
+from serving.gateway.metrics import CONTENT_TYPE, GatewayMetrics, RequestRecord
+from serving.gateway.openai_request import COMPLETION_PATHS
 from serving.gateway.proxy import Proxy, ProxyRequest
-from serving.gateway.responses import send_error, send_json
+from serving.gateway.quota import (
+    Clock,
+    InMemoryQuotaStore,
+    QuotaEngine,
+    SqliteBudgetJournal,
+    rate_limit_raw_headers,
+)
+from serving.gateway.responses import send_bytes, send_error, send_json
 from serving.gateway.settings import GatewaySettings
 from serving.gateway.upstream import UpstreamClient
 
@@ -36,19 +68,69 @@ class ClientDisconnected(Exception):
     """The client went away before its request body was complete."""
 
 
-def create_app(settings: GatewaySettings, *, authenticator: Authenticator | None = None) -> ASGIApp:
-    """A new gateway app; `authenticator` defaults to the settings' development keys."""
-    return GatewayApp(settings, authenticator=authenticator)
+def create_app(
+    settings: GatewaySettings,
+    *,
+    authenticator: Authenticator | None = None,
+    clock: Clock | None = None,
+) -> GatewayApp:
+    """A new gateway app. `authenticator` defaults to the settings' key stores and
+    development keys; `clock` (tests) drives the quota windows."""
+    return GatewayApp(settings, authenticator=authenticator, clock=clock)
 
 
 class GatewayApp:
     def __init__(
-        self, settings: GatewaySettings, *, authenticator: Authenticator | None = None
+        self,
+        settings: GatewaySettings,
+        *,
+        authenticator: Authenticator | None = None,
+        clock: Clock | None = None,
     ) -> None:
         self.settings = settings
+        self.draining = False
+        self._closers: list[Callable[[], None]] = []
         self.upstream = UpstreamClient(settings)
-        self.authenticator = authenticator or StaticKeyAuthenticator(settings.api_key_digests)
+        self.authenticator = authenticator or self._build_authenticator()
+        journal = None
+        if settings.keys_db:
+            journal = SqliteBudgetJournal(Path(settings.keys_db))
+            self._closers.append(journal.close)
+        store = InMemoryQuotaStore(clock, journal=journal)
+        self.quota = QuotaEngine(
+            store, default_max_tokens=settings.default_max_tokens, lease_ttl=settings.lease_ttl_s
+        )
+        self.metrics = GatewayMetrics(leases=store.active_leases)
+        self.catalog = ModelCatalog()
         self.proxy = Proxy(self.upstream, retry_after_s=settings.retry_after_s)
+        self.metering = Metering(
+            self.quota, self.proxy, self.catalog, lease_ttl_s=settings.lease_ttl_s
+        )
+        self.health = HealthMonitor(
+            self.upstream,
+            self.catalog,
+            self.metrics,
+            interval_s=settings.health_interval_s,
+            maintain=self.metering.maintain,
+        )
+
+    def _build_authenticator(self) -> Authenticator:
+        settings = self.settings
+        stores: list[KeyStore] = []
+        if settings.keys_db:
+            stores.append(SqliteKeyStore(Path(settings.keys_db)))
+        if settings.keys_file:
+            stores.append(FileKeyStore(Path(settings.keys_file)))
+        dev = StaticKeyAuthenticator(settings.api_key_digests) if settings.api_key_digests else None
+        authenticator = KeyStoreAuthenticator(stores, dev=dev)
+        self._closers.append(authenticator.close)
+        return authenticator
+
+    def begin_drain(self) -> None:
+        """Fail readiness from now on (SIGTERM); requests are still served."""
+        if not self.draining:
+            logger.info("draining: /readyz answers 503 from now on")
+        self.draining = True
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -65,16 +147,23 @@ class GatewayApp:
             if message["type"] == "lifespan.startup":
                 try:
                     await self.upstream.start()
+                    await self.health.check()  # model list and health before traffic
                 except Exception as exc:
                     await send({"type": "lifespan.startup.failed", "message": str(exc)})
                     return
+                self.health.start()
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
+                await self.health.stop()
                 await self.upstream.close()
+                self.quota.store.flush()
+                for close in self._closers:
+                    close()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        started = time.perf_counter()
         authorization: bytes | None = None
         client_request_id: bytes | None = None
         content_length: bytes | None = None
@@ -87,31 +176,87 @@ class GatewayApp:
                 content_length = value
         rid = request_id(client_request_id)
         path: str = scope["path"]
-        try:
-            if path.startswith(API_PREFIX) and _is_plain_path(path):
-                principal = self.authenticator.authenticate(authorization)
-                body = await read_body(receive, self.settings.max_body_bytes, content_length)
-                target = scope.get("raw_path") or quote(path).encode()
-                if scope["query_string"]:
-                    target += b"?" + scope["query_string"]
-                request = ProxyRequest(scope["method"], target, scope["headers"], body, rid)
-                outcome = await self.proxy.forward(request, receive, send)
-                logger.debug(
-                    "request %s key=%s status=%d", rid.decode(), principal.key_id, outcome.status
-                )
-            elif path == "/healthz":
-                await send_json(send, 200, {"status": "ok"}, request_id=rid)
-            elif path == "/readyz":
-                await self._readyz(send, rid)
-            else:
-                raise RouteNotFoundError(f"Invalid URL ({scope['method']} {path})")
-        except GatewayError as error:
+        if path.startswith(API_PREFIX):
+            record = RequestRecord(started)
+            self.metrics.in_flight += 1
+            try:
+                await self._api(scope, receive, send, rid, authorization, content_length, record)
+            finally:
+                self.metrics.in_flight -= 1
+                self.metrics.observe(record, time.perf_counter())
+        elif path == "/metrics":
+            body = self.metrics.render()
+            await send_bytes(send, 200, body, request_id=rid, content_type=CONTENT_TYPE)
+        elif path == "/healthz":
+            await send_json(send, 200, {"status": "ok"}, request_id=rid)
+        elif path == "/readyz":
+            await self._readyz(send, rid)
+        else:
+            error = RouteNotFoundError(f"Invalid URL ({scope['method']} {path})")
             await send_error(send, error, request_id=rid)
-        except ClientDisconnected:
+
+    async def _api(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        rid: bytes,
+        authorization: bytes | None,
+        content_length: bytes | None,
+        record: RequestRecord,
+    ) -> None:
+        path: str = scope["path"]
+        method: str = scope["method"]
+        caller: Caller | None = None
+        try:
+            if not _is_plain_path(path):
+                raise RouteNotFoundError(f"Invalid URL ({method} {path})")
+            caller = self.authenticator.authenticate(authorization)
+            record.key = caller.key_id
+            body = await read_body(receive, self.settings.max_body_bytes, content_length)
+            target = scope.get("raw_path") or quote(path).encode()
+            if scope["query_string"]:
+                target += b"?" + scope["query_string"]
+            request = ProxyRequest(method, target, scope["headers"], body, rid)
+            kind = COMPLETION_PATHS.get(path) if method == "POST" else None
+            if kind is not None:
+                await self.metering.handle(kind, caller, request, receive, send, record)
+            else:
+                await self._forward(caller, request, receive, send, record)
+        except GatewayError as error:
+            record.status = error.http_status
+            if caller is not None and not record.headers:  # refused before admission
+                record.headers = rate_limit_raw_headers(self.quota.status(caller, ""))
+            await send_error(send, error, request_id=rid, headers=record.headers)
+        except ClientDisconnected:  # or was cut off by the body deadline (a 408)
             logger.info("request %s: client disconnected while sending its body", rid.decode())
 
+    async def _forward(
+        self,
+        caller: Caller,
+        request: ProxyRequest,
+        receive: Receive,
+        send: Send,
+        record: RequestRecord,
+    ) -> None:
+        """An unmetered /v1 request: passed through with the key's rate-limit headers."""
+        if is_restricted(caller):
+            if request.method != "GET" or not request.target.startswith(b"/v1/models"):
+                raise EndpointNotAllowedError(
+                    "This API key may only use /v1/chat/completions, /v1/completions and "
+                    "/v1/models."
+                )
+            record.headers = rate_limit_raw_headers(self.quota.status(caller, ""))
+            request = dataclasses.replace(request, response_headers=record.headers)
+        outcome = await self.proxy.forward(request, receive, send)
+        record.status = outcome.status
+        record.forwarded_at = outcome.forwarded_at
+        record.first_byte_at = outcome.first_byte_at
+        record.upstream_done_at = outcome.upstream_done_at
+        record.upstream_error = upstream_error_kind(outcome, None)
+
     async def _readyz(self, send: Send, rid: bytes) -> None:
-        reason = await self.upstream.probe_health()
+        reason = "draining" if self.draining else await self.health.probe()
         if reason is None:
             await send_json(send, 200, {"status": "ready"}, request_id=rid)
             return
@@ -127,7 +272,11 @@ def _is_plain_path(path: str) -> bool:
 
 
 async def read_body(receive: Receive, limit: int, content_length: bytes | None) -> bytes:
-    """The whole request body, or `BodyTooLargeError` as soon as it exceeds `limit`."""
+    """The whole request body, or `BodyTooLargeError` as soon as it exceeds `limit`.
+
+    The time a body may take is the server's to enforce (`server.deadline_protocol`), which
+    costs nothing per request, unlike a timeout around this loop.
+    """
     too_large = BodyTooLargeError(f"Request body is larger than {limit} bytes.")
     if content_length is not None and content_length.isdigit() and int(content_length) > limit:
         raise too_large

@@ -1,35 +1,73 @@
-"""Who is calling: Bearer parsing and a constant-time key check.
+"""Who is calling: Bearer parsing, the key stores, and the development keys.
 
-    authenticator = StaticKeyAuthenticator(settings.api_key_digests)
-    principal = authenticator.authenticate(authorization_header)  # or AuthenticationError
+    authenticator = KeyStoreAuthenticator([SqliteKeyStore(path)], dev=StaticKeyAuthenticator(d))
+    caller = authenticator.authenticate(authorization_header)  # or AuthenticationError
 
-A missing header, a malformed one, another scheme and an unknown key all raise the same
-`AuthenticationError`; the key is never logged, echoed or kept beyond its digest. A key store
-(revocable keys with limits) plugs in as another `Authenticator`.
+A missing header, a malformed one, another scheme, an unknown key and a revoked key all raise
+the same `AuthenticationError`; the key is never logged, echoed or kept beyond its hash. The
+stores answer revocations at once (SQLite: a `data_version` check per lookup; files: reloaded
+when they change), so a revoked key stops working in a running gateway.
+
+The caller is a `Caller`: a `keys.KeyRecord` for store keys, a `Principal` for development
+keys (no limits, every model; public id `dev`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from serving.gateway.errors import AuthenticationError
+from serving.gateway.keys.credentials import key_id_of
+from serving.gateway.keys.store import KeyStore
+from serving.gateway.quota.limits import Limits
 
 _SCHEME = b"bearer"
+NO_LIMITS = Limits()
+DEV_KEY_ID = "dev"
+
+
+class Caller(Protocol):
+    """An authenticated caller. `key_id` is public: safe for logs and metric labels."""
+
+    @property
+    def key_id(self) -> str: ...
+
+    @property
+    def limits(self) -> Limits: ...
+
+    @property
+    def model_limits(self) -> Mapping[str, Limits]: ...
+
+    @property
+    def models(self) -> tuple[str, ...]: ...
+
+    def allows_model(self, model: str) -> bool: ...
 
 
 @dataclass(frozen=True, slots=True)
 class Principal:
-    """The authenticated caller. `key_id` is public: safe for logs and metric labels."""
+    """A development key's caller: no limits, every model."""
 
     key_id: str
+    limits: Limits = NO_LIMITS
+    model_limits: Mapping[str, Limits] = field(default_factory=dict)
+    models: tuple[str, ...] = ()
+
+    def allows_model(self, model: str) -> bool:
+        return not self.models or model in self.models
+
+
+def is_restricted(caller: Caller) -> bool:
+    """True for a key with any limit or model list: it may use only metered endpoints."""
+    return bool(caller.models or caller.model_limits) or caller.limits != NO_LIMITS
 
 
 class Authenticator(Protocol):
-    def authenticate(self, authorization: bytes | None) -> Principal:
+    def authenticate(self, authorization: bytes | None) -> Caller:
         """The caller named by an `Authorization` header value, or `AuthenticationError`."""
         ...
 
@@ -46,15 +84,18 @@ def parse_bearer(authorization: bytes | None) -> bytes | None:
 
 
 class StaticKeyAuthenticator:
-    """Accepts a fixed set of keys given as SHA-256 digests (the development keys)."""
+    """Accepts a fixed set of keys given as SHA-256 digests (the development keys).
+
+    The first key's public id is `dev`, further ones `dev-1`, `dev-2`, ...
+    """
 
     def __init__(self, digests: Sequence[bytes]) -> None:
         self._entries = tuple(
-            (digest, Principal(key_id=f"dev-{index}")) for index, digest in enumerate(digests)
+            (digest, Principal(key_id=DEV_KEY_ID if index == 0 else f"{DEV_KEY_ID}-{index}"))
+            for index, digest in enumerate(digests)
         )
 
-    def authenticate(self, authorization: bytes | None) -> Principal:
-        token = parse_bearer(authorization)
+    def find(self, token: bytes | None) -> Principal | None:
         # Hash and compare even when the header is unusable, so the time spent does not say
         # which check failed; compare against every digest without stopping early.
         digest = hashlib.sha256(token if token is not None else b"").digest()
@@ -62,6 +103,38 @@ class StaticKeyAuthenticator:
         for expected, principal in self._entries:
             if hmac.compare_digest(digest, expected) and found is None:
                 found = principal
-        if token is None or found is None:
+        return None if token is None else found
+
+    def authenticate(self, authorization: bytes | None) -> Caller:
+        found = self.find(parse_bearer(authorization))
+        if found is None:
             raise AuthenticationError()
         return found
+
+
+class KeyStoreAuthenticator:
+    """Keys from one or more stores (`serving keys`, a keys file), then the development keys."""
+
+    def __init__(
+        self, stores: Sequence[KeyStore], *, dev: StaticKeyAuthenticator | None = None
+    ) -> None:
+        self._stores = tuple(stores)
+        self._dev = dev
+
+    def authenticate(self, authorization: bytes | None) -> Caller:
+        token = parse_bearer(authorization)
+        if token is not None and token.isascii():
+            secret = token.decode("ascii")
+            if key_id_of(secret) is not None:
+                for store in self._stores:
+                    record = store.authenticate(secret)
+                    if record is not None:
+                        return record
+        found = self._dev.find(token) if self._dev is not None else None
+        if found is None:
+            raise AuthenticationError()
+        return found
+
+    def close(self) -> None:
+        for store in self._stores:
+            store.close()

@@ -3,22 +3,30 @@
 Every failure the gateway reports is one of these (DESIGN.md section 5):
 
     GatewayError                      (base: status, type, code, param, headers)
+    ├── InvalidRequestError           400 invalid_request_error / None, `param` names the field
     ├── AuthenticationError           401 invalid_request_error / invalid_api_key
+    ├── EndpointNotAllowedError       403 invalid_request_error / endpoint_not_allowed
     ├── RouteNotFoundError            404 invalid_request_error / unknown_url
+    ├── ModelNotFoundError            404 invalid_request_error / model_not_found
+    ├── RequestTimeoutError           408 invalid_request_error / request_timeout
     ├── BodyTooLargeError             413 invalid_request_error / request_too_large
+    ├── RateLimitError                429 requests|tokens / rate_limit_exceeded, or
+    │                                     insufficient_quota / insufficient_quota; Retry-After
     ├── UpstreamRejectedError         the upstream's 4xx, re-shaped (invalid_request_error)
     └── UpstreamError                 502 server_error / upstream_error (error or reset)
         ├── UpstreamUnavailableError  503 server_error / upstream_unavailable + Retry-After
         └── UpstreamTimeoutError      504 timeout / upstream_timeout (idle too long)
 
 Failures of the hop client (aiohttp, sockets, timeouts) are translated into this tree in
-exactly one place, `map_upstream_exception`. Messages never contain a key or an internal
-address: they are shown to API clients.
+exactly one place, `map_upstream_exception`; upstream error responses in
+`openai_error_body` (passed through) and `wrap_upstream_status` (re-shaped). Messages never
+contain a key or an internal address: they are shown to API clients.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from typing import ClassVar
 
 import aiohttp
@@ -76,6 +84,38 @@ class AuthenticationError(GatewayError):
         return [(b"www-authenticate", b"Bearer")]
 
 
+class InvalidRequestError(GatewayError):
+    """A malformed body or a bad field; `param` names the field (None for the whole body)."""
+
+    status = 400
+    type = "invalid_request_error"
+
+
+class EndpointNotAllowedError(GatewayError):
+    status = 403
+    type = "invalid_request_error"
+    code = "endpoint_not_allowed"
+
+
+class ModelNotFoundError(GatewayError):
+    """The key may not use the model: worded as OpenAI does, so it reveals nothing more."""
+
+    status = 404
+    type = "invalid_request_error"
+    code = "model_not_found"
+
+    def __init__(self, model: str) -> None:
+        super().__init__(
+            f"The model `{model}` does not exist or you do not have access to it.", param="model"
+        )
+
+
+class RequestTimeoutError(GatewayError):
+    status = 408
+    type = "invalid_request_error"
+    code = "request_timeout"
+
+
 class RouteNotFoundError(GatewayError):
     status = 404
     type = "invalid_request_error"
@@ -86,6 +126,31 @@ class BodyTooLargeError(GatewayError):
     status = 413
     type = "invalid_request_error"
     code = "request_too_large"
+
+
+class RateLimitError(GatewayError):
+    """A quota refusal (a `quota.Refusal`): its type and code vary with the limit."""
+
+    status = 429
+
+    def __init__(self, message: str, *, error_type: str, code: str, retry_after_s: float) -> None:
+        super().__init__(message, retry_after_s=max(1, math.ceil(retry_after_s)))
+        self.error_type = error_type
+        self.error_code = code
+        self.retry_after_exact_s = retry_after_s
+
+    def payload(self) -> dict[str, object]:
+        return {
+            "message": self.message,
+            "type": self.error_type,
+            "param": None,
+            "code": self.error_code,
+        }
+
+    def headers(self) -> list[tuple[bytes, bytes]]:
+        # `retry-after-ms` is what the official clients read first (finer than whole seconds).
+        millis = max(1, math.ceil(self.retry_after_exact_s * 1000))
+        return [*super().headers(), (b"retry-after-ms", str(millis).encode())]
 
 
 class UpstreamRejectedError(GatewayError):
@@ -144,3 +209,35 @@ def map_upstream_exception(exc: Exception, *, retry_after_s: int) -> GatewayErro
     if isinstance(exc, aiohttp.ServerDisconnectedError | ConnectionError):
         return UpstreamError("The model server closed the connection.")
     return UpstreamError(f"The model server failed ({type(exc).__name__}).")
+
+
+def openai_error_body(body: bytes) -> bytes | None:
+    """`body` if it is an OpenAI error (vLLM's flat legacy shape is re-nested), else None."""
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    inner = data.get("error")
+    if isinstance(inner, dict) and isinstance(inner.get("message"), str):
+        return body
+    if data.get("object") == "error" and isinstance(data.get("message"), str):
+        nested = {key: data.get(key) for key in ("message", "type", "param", "code")}
+        return json.dumps({"error": nested}, separators=(",", ":")).encode()
+    return None
+
+
+def wrap_upstream_status(status: int, body: bytes) -> GatewayError:
+    """The error reported for an upstream 4xx/5xx whose body is not an OpenAI error."""
+    if status >= 500:
+        return UpstreamError(f"The model server failed (HTTP {status}).")
+    detail: object = None
+    try:
+        data = json.loads(body)
+        if isinstance(data, dict):
+            detail = data.get("detail")
+    except (ValueError, UnicodeDecodeError):
+        pass
+    message = detail if isinstance(detail, str) else f"The model server refused (HTTP {status})."
+    return UpstreamRejectedError(message, status=status)

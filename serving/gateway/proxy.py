@@ -2,10 +2,11 @@
 
     outcome = await Proxy(client, retry_after_s=1).forward(request, receive, send)
 
-The exchange with the upstream races the client's `http.disconnect`: whichever ends first
-wins, and a client that goes away cancels the exchange, which closes the upstream connection
-so vLLM aborts the request and frees its KV cache. Bodies are relayed chunk by chunk with one
-`await send` per chunk, so a slow client slows the upstream read (backpressure).
+The exchange with the upstream runs in the request's task while a watcher waits for the
+client's `http.disconnect`: a client that goes away cancels the exchange, which closes the
+upstream connection so vLLM aborts the request and frees its KV cache. Bodies are relayed
+chunk by chunk with one `await send` per chunk, so a slow client slows the upstream read
+(backpressure).
 
 How the response is relayed:
 - upstream 2xx/3xx with a small known length: read whole, sent with its length;
@@ -15,14 +16,19 @@ How the response is relayed:
 - upstream 4xx/5xx: an OpenAI-shaped error body passes through with its status; anything
   else is wrapped (5xx becomes 502, a 4xx keeps its status);
 - no response at all: the mapped error (503 unreachable, 502 reset, 504 idle timeout).
+
+Every response the client gets carries `request.response_headers` (the rate-limit state).
+With a `request.meter`, 2xx bodies are read for usage as they pass (see `usage`); the outcome
+records when the request was forwarded, when its first body byte reached the client and when
+the upstream was done, for the latency metrics.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 
 import aiohttp
 
@@ -30,13 +36,14 @@ from serving.gateway.asgi import RawHeaders, Receive, Send
 from serving.gateway.errors import (
     UPSTREAM_FAILURES,
     GatewayError,
-    UpstreamError,
-    UpstreamRejectedError,
     map_upstream_exception,
+    openai_error_body,
+    wrap_upstream_status,
 )
 from serving.gateway.headers import client_response_headers, upstream_request_headers
 from serving.gateway.responses import send_bytes, send_error
 from serving.gateway.upstream import UpstreamClient
+from serving.gateway.usage import ResponseMeter
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +63,10 @@ class ProxyRequest:
     headers: RawHeaders
     body: bytes
     request_id: bytes
+    response_headers: RawHeaders = field(default_factory=list)
+    """Added to every response the client gets, error or not."""
+    meter: ResponseMeter | None = None
+    """Reads usage out of 2xx bodies (metered endpoints only)."""
 
 
 @dataclass(slots=True)
@@ -67,6 +78,12 @@ class ProxyOutcome:
     upstream_status: int | None = None
     error: GatewayError | None = None
     client_disconnected: bool = False
+    sse: bool = False
+    """The response was relayed as a server-sent event stream."""
+    forwarded_at: float = 0.0
+    first_byte_at: float = 0.0
+    upstream_done_at: float = 0.0
+    """`time.perf_counter()` readings; 0.0 when it did not happen."""
 
 
 class Proxy:
@@ -75,33 +92,27 @@ class Proxy:
         self._retry_after_s = retry_after_s
 
     async def forward(self, request: ProxyRequest, receive: Receive, send: Send) -> ProxyOutcome:
-        """Relay `request` to the upstream and its response to `send`, unless the client
-        disconnects first."""
+        """Relay `request` to the upstream and its response to `send`; a client that
+        disconnects meanwhile cancels the exchange (which closes the upstream response)."""
         outcome = ProxyOutcome()
-        exchange = asyncio.ensure_future(self._exchange(request, send, outcome))
-        watcher = asyncio.ensure_future(wait_for_disconnect(receive))
+        task = asyncio.current_task()
+        assert task is not None
+        watcher = asyncio.get_running_loop().create_task(
+            _cancel_on_disconnect(receive, task, outcome)
+        )
         try:
-            await asyncio.wait((exchange, watcher), return_when=asyncio.FIRST_COMPLETED)
-        except BaseException:
-            exchange.cancel()
-            watcher.cancel()
-            raise
-        if exchange.done():
-            watcher.cancel()
-            exchange.result()  # re-raise what is not an upstream failure: a bug
-            return outcome
-        outcome.client_disconnected = True
-        exchange.cancel()
-        try:
-            await exchange  # returns once the upstream response is closed
+            await self._exchange(request, send, outcome)
         except asyncio.CancelledError:
-            current = asyncio.current_task()
-            if current is not None and current.cancelling():
+            # Absorb the one cancellation the watcher made; any other one propagates.
+            if not outcome.client_disconnected or task.uncancel() > 0:
                 raise
-        logger.info("request %s: client disconnected", request.request_id.decode())
+            logger.info("request %s: client disconnected", request.request_id.decode())
+        finally:
+            watcher.cancel()
         return outcome
 
     async def _exchange(self, request: ProxyRequest, send: Send, outcome: ProxyOutcome) -> None:
+        outcome.forwarded_at = time.perf_counter()
         try:
             response = await self._client.session.request(
                 request.method,
@@ -140,10 +151,15 @@ class Proxy:
         except UPSTREAM_FAILURES as exc:
             await self._fail(exc, request, send, outcome)
             return
+        outcome.upstream_done_at = time.perf_counter()
+        if request.meter is not None:
+            request.meter.read_json(body)
         headers = client_response_headers(response.raw_headers, request.request_id)
+        headers.extend(request.response_headers)
         headers.append((b"content-length", str(len(body)).encode()))
         outcome.status = response.status
         await send({"type": "http.response.start", "status": response.status, "headers": headers})
+        outcome.first_byte_at = time.perf_counter()
         await send({"type": "http.response.body", "body": body, "more_body": False})
 
     async def _relay_stream(
@@ -154,23 +170,45 @@ class Proxy:
         outcome: ProxyOutcome,
     ) -> None:
         headers = client_response_headers(response.raw_headers, request.request_id)
+        headers.extend(request.response_headers)
         outcome.status = response.status
+        outcome.sse = response.content_type == "text/event-stream"
+        meter = request.meter
         await send({"type": "http.response.start", "status": response.status, "headers": headers})
         last = b"\n\n"
         try:
             async for chunk in response.content.iter_any():
+                if meter is not None:
+                    if outcome.sse:
+                        chunk = meter.feed(chunk)
+                        if not chunk:
+                            continue
+                    else:
+                        meter.feed_other(chunk)
                 last = chunk
+                if not outcome.first_byte_at:
+                    outcome.first_byte_at = time.perf_counter()
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
         except UPSTREAM_FAILURES as exc:
+            outcome.upstream_done_at = time.perf_counter()
             error = self._record(exc, request, outcome)
-            if response.content_type != "text/event-stream":
+            if not outcome.sse:
                 return  # response left incomplete: the server cuts the connection
+            if meter is not None:
+                meter.discard_pending()
             # End a half-sent event first, so the error event parses on its own.
             separator = b"" if last.endswith((b"\n\n", b"\r\n\r\n")) else b"\n\n"
             body = separator + error.sse_event()
             await send({"type": "http.response.body", "body": body, "more_body": False})
             return
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        outcome.upstream_done_at = time.perf_counter()
+        rest = b""
+        if meter is not None:
+            if outcome.sse:
+                rest = meter.end()
+            else:
+                meter.end_other()
+        await send({"type": "http.response.body", "body": rest, "more_body": False})
 
     async def _relay_error(
         self,
@@ -190,10 +228,17 @@ class Proxy:
         except UPSTREAM_FAILURES as exc:
             await self._fail(exc, request, send, outcome)
             return
+        outcome.upstream_done_at = time.perf_counter()
         body = openai_error_body(b"".join(chunks))
         if body is not None:
             outcome.status = response.status
-            await send_bytes(send, response.status, body, request_id=request.request_id)
+            await send_bytes(
+                send,
+                response.status,
+                body,
+                request_id=request.request_id,
+                headers=request.response_headers,
+            )
             return
         error = wrap_upstream_status(response.status, b"".join(chunks))
         logger.warning(
@@ -203,7 +248,9 @@ class Proxy:
         )
         outcome.error = error
         outcome.status = error.http_status
-        await send_error(send, error, request_id=request.request_id)
+        await send_error(
+            send, error, request_id=request.request_id, headers=request.response_headers
+        )
 
     def _record(self, exc: Exception, request: ProxyRequest, outcome: ProxyOutcome) -> GatewayError:
         error = map_upstream_exception(exc, retry_after_s=self._retry_after_s)
@@ -220,44 +267,20 @@ class Proxy:
     async def _fail(
         self, exc: Exception, request: ProxyRequest, send: Send, outcome: ProxyOutcome
     ) -> None:
+        outcome.upstream_done_at = time.perf_counter()
         error = self._record(exc, request, outcome)
         outcome.status = error.http_status
-        await send_error(send, error, request_id=request.request_id)
+        await send_error(
+            send, error, request_id=request.request_id, headers=request.response_headers
+        )
 
 
-async def wait_for_disconnect(receive: Receive) -> None:
-    """Return when the ASGI server reports that the client went away."""
+async def _cancel_on_disconnect(
+    receive: Receive, task: asyncio.Task[object], outcome: ProxyOutcome
+) -> None:
+    """Cancel `task` when the ASGI server reports that the client went away (one watcher
+    task per request; the exchange itself runs in the request's own task)."""
     while (await receive())["type"] != "http.disconnect":
         pass
-
-
-def openai_error_body(body: bytes) -> bytes | None:
-    """`body` if it is an OpenAI error (vLLM's flat legacy shape is re-nested), else None."""
-    try:
-        data = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
-        return None
-    if not isinstance(data, dict):
-        return None
-    inner = data.get("error")
-    if isinstance(inner, dict) and isinstance(inner.get("message"), str):
-        return body
-    if data.get("object") == "error" and isinstance(data.get("message"), str):
-        nested = {key: data.get(key) for key in ("message", "type", "param", "code")}
-        return json.dumps({"error": nested}, separators=(",", ":")).encode()
-    return None
-
-
-def wrap_upstream_status(status: int, body: bytes) -> GatewayError:
-    """The error reported for an upstream 4xx/5xx whose body is not an OpenAI error."""
-    if status >= 500:
-        return UpstreamError(f"The model server failed (HTTP {status}).")
-    detail: object = None
-    try:
-        data = json.loads(body)
-        if isinstance(data, dict):
-            detail = data.get("detail")
-    except (ValueError, UnicodeDecodeError):
-        pass
-    message = detail if isinstance(detail, str) else f"The model server refused (HTTP {status})."
-    return UpstreamRejectedError(message, status=status)
+    outcome.client_disconnected = True
+    task.cancel()

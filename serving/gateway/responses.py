@@ -42,8 +42,12 @@ async def send_json(
     await send_bytes(send, status, body, request_id=request_id, headers=headers)
 
 
-async def send_error(send: Send, error: GatewayError, *, request_id: bytes) -> None:
-    """An OpenAI-shaped error response with the error's status and headers."""
-    await send_bytes(
-        send, error.http_status, error.body(), request_id=request_id, headers=error.headers()
-    )
+async def send_error(
+    send: Send, error: GatewayError, *, request_id: bytes, headers: RawHeaders | None = None
+) -> None:
+    """An OpenAI-shaped error response with the error's status and headers (plus `headers`,
+    e.g. the rate-limit state)."""
+    extra = error.headers()
+    if headers:
+        extra.extend(headers)
+    await send_bytes(send, error.http_status, error.body(), request_id=request_id, headers=extra)

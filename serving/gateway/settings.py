@@ -1,9 +1,12 @@
 """The gateway's settings: one frozen value object, validated on construction.
 
     settings = GatewaySettings.create(upstream="http://127.0.0.1:8001", api_keys=["sk-dev"])
+    settings = GatewaySettings.create(upstream=..., api_keys=[], keys_db="/var/serving/keys.db")
     settings = GatewaySettings.from_env()          # SERVING_GATEWAY_* and SERVING_API_KEY
 
-API keys are never stored: only their SHA-256 digests, which `auth` compares in constant time.
+Keys come from a key store (`keys_db`, `keys_file`: limits, revocation) and/or development
+keys (`api_keys`: no limits, public id `dev`). Development keys are never stored: only their
+SHA-256 digests, which `auth` compares in constant time.
 Every validation failure is a `ServingError` whose message names the field and the bad value.
 """
 
@@ -35,7 +38,11 @@ class GatewaySettings:
     upstream: str
     """Base URL of the vLLM OpenAI server, e.g. ``http://127.0.0.1:8001`` (no default)."""
     api_key_digests: tuple[bytes, ...] = dataclasses.field(repr=False)
-    """SHA-256 digests of the accepted development API keys (at least one)."""
+    """SHA-256 digests of the accepted development API keys (keys without limits)."""
+    keys_db: str | None = None
+    """The SQLite key store `serving keys` writes; day/month budgets are persisted in it."""
+    keys_file: str | None = None
+    """A declarative keys file (YAML/JSON of hashed keys, e.g. a mounted Kubernetes Secret)."""
     host: str = "127.0.0.1"
     port: int = 8000
     max_body_bytes: int = 10 * 1024 * 1024
@@ -55,14 +62,30 @@ class GatewaySettings:
     """Total time `/readyz` gives the upstream's `/health`."""
     retry_after_s: int = 1
     """`Retry-After` sent with 503 responses."""
+    header_timeout_s: float = 10.0
+    """Time a client has to send a request's headers, from connecting or from its first
+    byte (then 408 and the connection is closed)."""
+    body_timeout_s: float = 30.0
+    """Time a client has to send a request's whole body once its headers arrived (then 408)."""
+    default_max_tokens: int = 4096
+    """max_tokens sent upstream when neither the client nor the key sets one (also limited
+    by the model's context window when the upstream reports it)."""
+    lease_ttl_s: float = 600.0
+    """A quota lease not renewed for this long is reclaimed; running requests renew theirs."""
+    health_interval_s: float = 5.0
+    """How often the upstream's health and model list are checked in the background."""
+    drain_delay_s: float = 5.0
+    """On SIGTERM, how long `/readyz` answers 503 while requests are still served, so load
+    balancers stop sending traffic before the listener closes (0: close at once)."""
     graceful_shutdown_s: int = 30
-    """On SIGTERM, how long in-flight requests may finish before they are cut."""
+    """After the drain delay, how long in-flight requests may finish before they are cut."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "upstream", _check_upstream(self.upstream))
-        if not self.api_key_digests:
+        if not self.api_key_digests and not self.keys_db and not self.keys_file:
             raise ServingError(
-                f"api_key: at least one API key is required (--api-key or {API_KEY_ENV})"
+                f"api_key: a key source is required: --keys-db, --keys-file, --api-key "
+                f"or {API_KEY_ENV}"
             )
         for digest in self.api_key_digests:
             if not isinstance(digest, bytes) or len(digest) != hashlib.sha256().digest_size:
@@ -74,13 +97,25 @@ class GatewaySettings:
         _check_int("upstream_max_connections", self.upstream_max_connections, low=0)
         _check_int("retry_after_s", self.retry_after_s, low=0)
         _check_int("graceful_shutdown_s", self.graceful_shutdown_s, low=0)
+        _check_int("default_max_tokens", self.default_max_tokens, low=1)
         for name in (
             "upstream_connect_timeout_s",
             "upstream_idle_timeout_s",
             "upstream_keepalive_s",
             "readiness_timeout_s",
+            "header_timeout_s",
+            "body_timeout_s",
+            "lease_ttl_s",
+            "health_interval_s",
         ):
             _check_positive(name, getattr(self, name))
+        delay = self.drain_delay_s
+        if not isinstance(delay, int | float) or not 0 <= delay < math.inf:
+            raise ServingError(f"drain_delay_s: {self.drain_delay_s!r} is not a number >= 0")
+        for name in ("keys_db", "keys_file"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise ServingError(f"{name}: {value!r} is not a file path")
 
     @classmethod
     def create(

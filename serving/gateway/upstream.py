@@ -66,6 +66,31 @@ class UpstreamClient:
         """The upstream URL for a raw, already percent-encoded `path?query` target."""
         return URL(self._base + target.decode("latin-1"), encoded=True)
 
+    async def fetch_models(self) -> dict[str, int | None] | None:
+        """The upstream's served models and their context windows (vLLM's `max_model_len`),
+        or None when `/v1/models` cannot be read."""
+        timeout = aiohttp.ClientTimeout(total=self._settings.readiness_timeout_s)
+        try:
+            async with self.session.get(self.url(b"/v1/models"), timeout=timeout) as response:
+                if response.status != 200:
+                    await response.read()
+                    return None
+                data = await response.json(content_type=None)
+        except UPSTREAM_FAILURES:
+            return None
+        except ValueError:  # not JSON
+            return None
+        entries = data.get("data") if isinstance(data, dict) else None
+        if not isinstance(entries, list):
+            return None
+        models: dict[str, int | None] = {}
+        for entry in entries:
+            if isinstance(entry, dict) and isinstance(entry.get("id"), str):
+                window = entry.get("max_model_len")
+                valid = isinstance(window, int) and not isinstance(window, bool) and window > 0
+                models[entry["id"]] = window if valid else None
+        return models
+
     async def probe_health(self) -> str | None:
         """None when the upstream's `/health` answers 200, else a short reason."""
         timeout = aiohttp.ClientTimeout(total=self._settings.readiness_timeout_s)

@@ -1,12 +1,20 @@
-"""Fixtures for gateway tests: one fake upstream per session, gateways per test."""
+"""Fixtures for gateway tests: one fake upstream per session, gateways per test.
+
+gateway = make_gateway(keys_db=str(keys.path), clock=clock)   # key store + manual time
+record, secret = keys.create("team", limits=Limits(max_concurrency=2))
+"""
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
+from serving.gateway.keys import SqliteKeyStore
+from serving.gateway.quota import Clock
 from serving.gateway.settings import GatewaySettings
 from tests.gateway.fake_upstream import FakeUpstream
 from tests.gateway.servers import TEST_KEY, GatewayServer
@@ -22,12 +30,19 @@ def upstream() -> Iterator[FakeUpstream]:
     fake.stop()
 
 
-def start_gateway(upstream_url: str, **options: object) -> GatewayServer:
+def start_gateway(
+    upstream_url: str,
+    *,
+    clock: Clock | None = None,
+    api_keys: tuple[str, ...] = (TEST_KEY,),
+    access_log: bool = False,
+    **options: object,
+) -> GatewayServer:
     """A started gateway for `upstream_url`; `options` override `GatewaySettings` fields."""
     defaults: dict[str, object] = {"upstream_idle_timeout_s": 5.0, "graceful_shutdown_s": 1}
     defaults.update(options)
-    settings = GatewaySettings.create(upstream=upstream_url, api_keys=[TEST_KEY], **defaults)
-    server = GatewayServer(settings)
+    settings = GatewaySettings.create(upstream=upstream_url, api_keys=api_keys, **defaults)
+    server = GatewayServer(settings, clock=clock, access_log=access_log)
     server.start()
     return server
 
@@ -45,9 +60,17 @@ def make_gateway(upstream: FakeUpstream) -> Iterator[GatewayFactory]:
     """Start a gateway with other settings (`upstream=` too), stopped after the test."""
     started: list[GatewayServer] = []
 
-    def make(**options: object) -> GatewayServer:
+    def make(
+        *,
+        clock: Clock | None = None,
+        api_keys: tuple[str, ...] = (TEST_KEY,),
+        access_log: bool = False,
+        **options: object,
+    ) -> GatewayServer:
         url = str(options.pop("upstream", upstream.url))
-        server = start_gateway(url, **options)
+        server = start_gateway(
+            url, clock=clock, api_keys=api_keys, access_log=access_log, **options
+        )
         started.append(server)
         return server
 
@@ -60,3 +83,21 @@ def make_gateway(upstream: FakeUpstream) -> Iterator[GatewayFactory]:
 def token() -> str:
     """A fresh token that keys the fake upstream's gates and events for one test."""
     return uuid.uuid4().hex
+
+
+@pytest.fixture
+def keys(tmp_path: Path) -> Iterator[SqliteKeyStore]:
+    """An empty key store; pass `keys_db=str(keys.path)` to `make_gateway`."""
+    store = SqliteKeyStore(tmp_path / "keys.db")
+    yield store
+    store.close()
+
+
+def eventually(check: Callable[[], bool], timeout: float = 5.0) -> bool:
+    """True as soon as `check()` is, False if it never was within `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True

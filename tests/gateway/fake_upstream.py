@@ -6,9 +6,20 @@ to it, through the gateway, over real sockets (streaming timing and disconnects 
 Fake upstream routes (all under /v1/ so the gateway forwards them); `?t=TOKEN` keys the
 gates and the events a test waits for, so tests do not see each other's traffic:
     GET  /health                 200, or 503 after `healthy = False`
-    GET  /v1/models              JSON
-    POST /v1/chat/completions    JSON, or an SSE stream of 6 events when "stream"; with
-                                 model "fault-reset" the stream is cut after 2 events
+    GET  /v1/models              JSON (model "fake", max_model_len 2048)
+    POST /v1/chat/completions    JSON, or an SSE stream of min(4, max_tokens) words, a finish
+    POST /v1/completions         event, vLLM's usage chunk when `stream_options.include_usage`,
+                                 then [DONE]. Usage: prompt 3, completion = words sent.
+                                 The model name picks a fault:
+        fault-reset              the stream is cut after 2 events
+        fault-in-band            2 words, then `data: {"error": ...}` and [DONE] (as vLLM)
+        fault-garbage            SSE that is not JSON / not SSE; JSON: a body that is not JSON
+        fault-no-usage           no usage anywhere
+        fault-hang               never answers
+        fault-hang-mid-stream    one word, then silence
+        fault-500                500 text/html
+        fault-context            400 vLLM error (prompt longer than the context)
+        gated                    JSON: waits for `release(TOKEN)`; SSE: one word, waits, rest
     ANY  /v1/echo                JSON describing the request; hop-by-hop response headers
     POST /v1/gated-stream        one SSE event, then waits for `release(TOKEN)`, then two more
     POST /v1/bad-request         400 with vLLM's OpenAI error body
@@ -21,7 +32,8 @@ gates and the events a test waits for, so tests do not see each other's traffic:
     GET  /v1/reset-mid-chunked       plain chunked body, then the connection is aborted
     POST /v1/hang                    never answers
     POST /v1/hang-mid-stream         one SSE event, then silence
-Events recorded: "TOKEN:started", "TOKEN:finished", "TOKEN:cancelled".
+Events recorded: "TOKEN:started", "TOKEN:finished", "TOKEN:cancelled"; JSON bodies of the
+generation routes are kept per token (`received(TOKEN)`).
 """
 
 from __future__ import annotations
@@ -87,6 +99,61 @@ VLLM_400 = {
 }
 
 
+WORDS = ["one", " two", " three", " four"]
+
+TEXT_COMPLETION: dict[str, Any] = {
+    "id": "cmpl-fake",
+    "object": "text_completion",
+    "created": 0,
+    "model": "fake",
+    "choices": [{"index": 0, "text": "hello there", "finish_reason": "stop"}],
+    "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5},
+}
+
+VLLM_STREAM_ERROR = {
+    "error": {"message": "engine died", "type": "InternalServerError", "code": 500}
+}
+
+VLLM_CONTEXT_400 = {
+    "error": {
+        "message": "This model's maximum context length is 2048 tokens.",
+        "type": "BadRequestError",
+        "param": None,
+        "code": 400,
+    }
+}
+
+
+def text_chunk(index: int, text: str, finish: str | None = None) -> dict[str, Any]:
+    return {
+        "id": "cmpl-fake",
+        "object": "text_completion",
+        "created": 0,
+        "model": "fake",
+        "choices": [{"index": 0, "text": text, "finish_reason": finish}],
+    }
+
+
+def chunk_for(chat: bool, index: int, text: str, finish: str | None = None) -> dict[str, Any]:
+    return chat_chunk(index, text, finish) if chat else text_chunk(index, text, finish)
+
+
+def usage_chunk(chat: bool, *, completion_tokens: int) -> dict[str, Any]:
+    """vLLM's last chunk when usage is asked for: no choices, only usage."""
+    return {
+        "id": "chatcmpl-fake" if chat else "cmpl-fake",
+        "object": "chat.completion.chunk" if chat else "text_completion",
+        "created": 0,
+        "model": "fake",
+        "choices": [],
+        "usage": {
+            "prompt_tokens": 3,
+            "completion_tokens": completion_tokens,
+            "total_tokens": 3 + completion_tokens,
+        },
+    }
+
+
 class FakeUpstream:
     """A fake vLLM OpenAI server with fault routes (see the module docstring)."""
 
@@ -100,6 +167,7 @@ class FakeUpstream:
         self._stop: asyncio.Event | None = None
         self._gates: dict[str, asyncio.Event] = {}
         self._events: set[str] = set()
+        self._bodies: dict[str, list[dict[str, Any]]] = {}
         self._changed = threading.Condition()
 
     @property
@@ -141,6 +209,11 @@ class FakeUpstream:
         with self._changed:
             return event in self._events
 
+    def received(self, token: str) -> list[dict[str, Any]]:
+        """The JSON bodies the generation routes got with `?t=token`, in order."""
+        with self._changed:
+            return list(self._bodies.get(token, []))
+
     # -- the server -------------------------------------------------------------------
 
     def _record(self, event: str) -> None:
@@ -162,6 +235,7 @@ class FakeUpstream:
             ("GET", "/health", self._health),
             ("GET", "/v1/models", self._models),
             ("POST", "/v1/chat/completions", self._chat),
+            ("POST", "/v1/completions", self._chat),
             ("*", "/v1/echo", self._echo),
             ("POST", "/v1/gated-stream", self._gated_stream),
             ("POST", "/v1/bad-request", self._bad_request),
@@ -205,22 +279,46 @@ class FakeUpstream:
         return web.json_response({}, status=200 if self.healthy else 503)
 
     async def _models(self, request: web.Request) -> web.StreamResponse:
-        return web.json_response({"object": "list", "data": [{"id": "fake", "object": "model"}]})
+        model = {"id": "fake", "object": "model", "max_model_len": 2048}
+        return web.json_response({"object": "list", "data": [model]})
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
+        token = request.query.get("t", "-")
+        with self._changed:
+            self._bodies.setdefault(token, []).append(body)
+        model = body.get("model")
+        chat = request.path.endswith("/chat/completions")
+        if model in _FAULTS:
+            return await _FAULTS[model](self, request, body)
+        if model == "gated" and not body.get("stream"):
+            await self._gate(token).wait()
         if not body.get("stream"):
-            return web.json_response(CHAT_COMPLETION)
+            reply = dict(CHAT_COMPLETION if chat else TEXT_COMPLETION)
+            if model == "fault-no-usage":
+                del reply["usage"]
+            return web.json_response(reply)
         response = await self._start_sse(request)
-        words = ["one", " two", " three", " four"]
+        words = WORDS[: min(len(WORDS), body.get("max_tokens") or len(WORDS))]
         for index, word in enumerate(words):
-            await response.write(sse(chat_chunk(index, word)))
+            await response.write(sse(chunk_for(chat, index, word)))
             await asyncio.sleep(self.chunk_delay_s)
-            if body.get("model") == "fault-reset" and index == 1:
-                assert request.transport is not None
-                request.transport.abort()
-                await asyncio.sleep(10)
-        await response.write(sse(chat_chunk(len(words), "", "stop")))
+            if index == 0 and model == "gated":
+                await self._gate(token).wait()
+            if index == 0 and model == "fault-hang-mid-stream":
+                await asyncio.sleep(3600)
+            if index == 1 and model in ("fault-reset", "fault-in-band"):
+                if model == "fault-reset":
+                    assert request.transport is not None
+                    request.transport.abort()
+                    await asyncio.sleep(10)
+                await response.write(sse(VLLM_STREAM_ERROR))
+                await response.write(b"data: [DONE]\n\n")
+                return response
+        await response.write(sse(chunk_for(chat, len(words), "", "stop")))
+        options = body.get("stream_options") or {}
+        if options.get("include_usage") and model != "fault-no-usage":
+            await response.write(sse(usage_chunk(chat, completion_tokens=len(words))))
         await response.write(b"data: [DONE]\n\n")
         return response
 
@@ -312,3 +410,37 @@ class FakeUpstream:
         await response.write(sse(chat_chunk(0, "one")))
         await asyncio.sleep(3600)
         return response
+
+    # -- faults picked by model name ------------------------------------------------------
+
+    async def _fault_garbage(
+        self, request: web.Request, body: dict[str, Any]
+    ) -> web.StreamResponse:
+        if not body.get("stream"):
+            return web.Response(text="this is not json", content_type="application/json")
+        response = await self._start_sse(request)
+        await response.write(b"data: {not json\n\n")
+        await response.write(b"garbage without a field\n\n")
+        await response.write(b"data: [DONE]\n\n")
+        return response
+
+    async def _fault_hang(self, request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
+        await asyncio.sleep(3600)
+        raise AssertionError("unreachable")
+
+    async def _fault_500(self, request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
+        return await self._html_500(request)
+
+    async def _fault_context(
+        self, request: web.Request, body: dict[str, Any]
+    ) -> web.StreamResponse:
+        return web.json_response(VLLM_CONTEXT_400, status=400)
+
+
+_Fault = Callable[[FakeUpstream, web.Request, dict[str, Any]], Awaitable[web.StreamResponse]]
+_FAULTS: dict[str, _Fault] = {
+    "fault-garbage": FakeUpstream._fault_garbage,
+    "fault-hang": FakeUpstream._fault_hang,
+    "fault-500": FakeUpstream._fault_500,
+    "fault-context": FakeUpstream._fault_context,
+}

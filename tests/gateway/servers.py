@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import ssl
 import threading
 import time
+from collections.abc import Callable
+from typing import TypeVar
 
 import httpx
 import uvicorn
 
-from serving.gateway.command import build_server
+from serving.gateway.app import GatewayApp, create_app
+from serving.gateway.quota import Clock
+from serving.gateway.server import DrainingServer, build_server
 from serving.gateway.settings import GatewaySettings
+
+T = TypeVar("T")
 
 TEST_KEY = "sk-test-0123456789"
 OTHER_KEY = "sk-test-other-key"
@@ -44,16 +51,39 @@ def listening_socket() -> socket.socket:
 
 
 class GatewayServer:
-    """The real gateway (uvicorn, uvloop, httptools) serving `settings` on a random port."""
+    """The real gateway (uvicorn, uvloop, httptools) serving `settings` on a random port;
+    `clock` drives its quota windows."""
 
-    def __init__(self, settings: GatewaySettings) -> None:
+    def __init__(
+        self, settings: GatewaySettings, *, clock: Clock | None = None, access_log: bool = False
+    ) -> None:
         self.settings = settings
-        self._server: uvicorn.Server = build_server(settings, log_level="warning")
+        self.app: GatewayApp = create_app(settings, clock=clock)
+        self.server: DrainingServer = build_server(
+            settings, app=self.app, log_level="warning", access_log=access_log
+        )
+        self._server: uvicorn.Server = self.server
         self._sock = listening_socket()
         self.port: int = self._sock.getsockname()[1]
-        self._thread = threading.Thread(
-            target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True
-        )
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        with asyncio.Runner(loop_factory=self._server.config.get_loop_factory()) as runner:
+            runner.run(self._main())
+
+    async def _main(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        await self._server.serve(sockets=[self._sock])
+
+    def in_loop(self, function: Callable[[], T]) -> T:
+        """`function()` run on the server's event loop (where the app's state lives)."""
+        assert self.loop is not None
+
+        async def call() -> T:
+            return function()
+
+        return asyncio.run_coroutine_threadsafe(call(), self.loop).result(5)
 
     @property
     def url(self) -> str:

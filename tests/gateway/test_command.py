@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from serving.errors import ServingError
 from serving.gateway.command import add_arguments, build_server, settings_from_args
@@ -45,6 +46,34 @@ def test_flags_to_settings() -> None:
     assert args.log_level == "info" and args.access_log is False
 
 
+def test_key_stores_default_to_the_serving_home_database() -> None:
+    settings = settings_from_args(parse("--upstream", URL), environ={"SERVING_HOME": "/srv/x"})
+    assert (settings.keys_db, settings.keys_file, settings.api_key_digests) == (
+        "/srv/x/keys.db",
+        None,
+        (),
+    )
+    only_file = settings_from_args(
+        parse("--upstream", URL, "--keys-file", "/etc/keys.yaml"), environ={}
+    )
+    assert (only_file.keys_db, only_file.keys_file) == (None, "/etc/keys.yaml")
+    both = settings_from_args(
+        parse("--upstream", URL, "--keys-file", "/k.yaml", "--keys-db", "/k.db"), environ={}
+    )
+    assert (both.keys_db, both.keys_file) == ("/k.db", "/k.yaml")
+
+
+def test_hardening_flags() -> None:
+    args = parse(
+        "--upstream", URL, "--header-timeout", "2", "--body-timeout", "3", "--drain-delay", "0",
+        "--graceful-timeout", "7", "--default-max-tokens", "64",
+    )  # fmt: skip
+    settings = settings_from_args(args, environ={})
+    assert (settings.header_timeout_s, settings.body_timeout_s) == (2.0, 3.0)
+    assert (settings.drain_delay_s, settings.graceful_shutdown_s) == (0.0, 7)
+    assert settings.default_max_tokens == 64
+
+
 def test_key_from_environment() -> None:
     settings = settings_from_args(parse("--upstream", URL), environ={"SERVING_API_KEY": "sk-e"})
     assert settings.api_key_digests == (digest_key("sk-e"),)
@@ -54,7 +83,6 @@ def test_key_from_environment() -> None:
     ("argv", "field"),
     [
         ((), "--upstream"),
-        (("--upstream", URL), "--api-key"),
         (("--upstream", "localhost:8001", "--api-key", "k"), "upstream"),
         (("--upstream", URL, "--api-key", "k", "--port", "-1"), "port"),
         (("--upstream", URL, "--api-key", "k", "--upstream-idle-timeout", "0"), "idle_timeout"),
@@ -70,7 +98,8 @@ def test_bad_input_names_the_field(argv: tuple[str, ...], field: str) -> None:
 def test_build_server_uses_uvloop_httptools_and_lifespan() -> None:
     settings = GatewaySettings.create(upstream=URL, api_keys=["k"], port=9001)
     config = build_server(settings, log_level="warning").config
-    assert (config.loop, config.http, config.lifespan) == ("uvloop", "httptools", "on")
+    assert (config.loop, config.lifespan) == ("uvloop", "on")
+    assert isinstance(config.http, type) and issubclass(config.http, HttpToolsProtocol)
     assert (config.port, config.access_log) == (9001, False)
     assert config.timeout_graceful_shutdown == settings.graceful_shutdown_s
 

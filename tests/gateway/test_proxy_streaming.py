@@ -15,6 +15,8 @@ from tests.gateway.servers import TEST_KEY, GatewayServer, http_client
 
 pytestmark = pytest.mark.timeout(30)
 
+STREAM = {"model": "fake", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+
 
 def client(gateway: GatewayServer, timeout: float = 10) -> httpx.Client:
     return http_client(gateway.url, timeout=timeout)
@@ -37,7 +39,7 @@ def test_sse_arrives_in_several_chunks(gateway: GatewayServer) -> None:
     chunks: list[bytes] = []
     with (
         client(gateway) as http,
-        http.stream("POST", "/v1/chat/completions", json={"stream": True}) as response,
+        http.stream("POST", "/v1/chat/completions", json=STREAM) as response,
     ):
         assert response.headers["content-type"] == "text/event-stream"
         assert "content-length" not in response.headers
@@ -131,7 +133,7 @@ def test_concurrent_streams_all_complete(gateway: GatewayServer) -> None:
     with client(gateway) as http, concurrent.futures.ThreadPoolExecutor(16) as pool:
 
         def one(_: int) -> list[str]:
-            return sse_events(http.post("/v1/chat/completions", json={"stream": True}).content)
+            return sse_events(http.post("/v1/chat/completions", json=STREAM).content)
 
         results = list(pool.map(one, range(16)))
     assert all(events[-1] == "[DONE]" and len(events) == 6 for events in results)

@@ -98,3 +98,25 @@ def test_from_env_errors_name_the_variable() -> None:
         )
     with pytest.raises(ServingError, match="SERVING_API_KEY"):
         GatewaySettings.from_env({"SERVING_GATEWAY_UPSTREAM": URL})
+
+
+def test_a_key_source_is_required() -> None:
+    with pytest.raises(ServingError, match="key source"):
+        GatewaySettings.create(upstream=URL, api_keys=[])
+    assert GatewaySettings.create(upstream=URL, api_keys=[], keys_db="/k.db").keys_db == "/k.db"
+    assert GatewaySettings.create(upstream=URL, api_keys=[], keys_file="/k.yaml").keys_file
+
+
+@pytest.mark.parametrize(
+    ("options", "field"),
+    [
+        ({"drain_delay_s": -1}, "drain_delay_s"),
+        ({"header_timeout_s": 0}, "header_timeout_s"),
+        ({"body_timeout_s": float("inf")}, "body_timeout_s"),
+        ({"default_max_tokens": 0}, "default_max_tokens"),
+        ({"keys_db": ""}, "keys_db"),
+    ],
+)
+def test_new_fields_are_validated(options: dict[str, object], field: str) -> None:
+    with pytest.raises(ServingError, match=field):
+        GatewaySettings.create(upstream=URL, api_keys=["k"], **options)

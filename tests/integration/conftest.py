@@ -56,6 +56,8 @@ class Stack:
     api_key: str
     process: subprocess.Popen[str]
     output: Path
+    keys_db: Path
+    """The key store the stack's gateway reads (`serving keys create --store` it)."""
 
     def client(self, **kwargs: object) -> OpenAI:
         return OpenAI(base_url=f"{self.gateway_url}/v1", api_key=self.api_key, **kwargs)  # type: ignore[arg-type]
@@ -85,16 +87,17 @@ def descendants(pid: int) -> list[psutil.Process]:
 @pytest.fixture(scope="session")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     port, engine_port = free_port(), free_port()
-    output = tmp_path_factory.mktemp("stack") / "serving-up.out"
+    workdir = tmp_path_factory.mktemp("stack")
+    output, keys_db = workdir / "serving-up.out", workdir / "keys.db"
     with output.open("w") as sink:
         process = subprocess.Popen(
             [sys.executable, "-m", "serving.cli", "up", "--port", str(port),
-             "--engine-port", str(engine_port)],
+             "--engine-port", str(engine_port), "--keys-db", str(keys_db)],
             env=serving_env(SERVING_API_KEY=TEST_KEY),
             stdout=sink, stderr=subprocess.STDOUT, text=True, cwd=REPO,
         )  # fmt: skip
     stack = Stack(f"http://127.0.0.1:{port}", f"http://127.0.0.1:{engine_port}", TEST_KEY,
-                  process, output)  # fmt: skip
+                  process, output, keys_db)  # fmt: skip
     try:
         wait_for(f"{stack.gateway_url}/healthz", process, output, timeout=900)
         wait_for(f"{stack.engine_url}/health", process, output, timeout=60)

@@ -13,6 +13,7 @@ from serving.gateway.quota.headers import (
     WindowStatus,
     format_reset,
     rate_limit_headers,
+    rate_limit_raw_headers,
 )
 from serving.gateway.quota.journal import BudgetJournal, SqliteBudgetJournal
 from serving.gateway.quota.lease import Lease, LeaseState
@@ -52,4 +53,5 @@ __all__ = [
     "check_max_tokens",
     "format_reset",
     "rate_limit_headers",
+    "rate_limit_raw_headers",
 ]

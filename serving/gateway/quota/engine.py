@@ -87,14 +87,23 @@ class QuotaEngine:
         context_window: int | None = None,
     ) -> int:
         """The client's value capped by every scope's `max_tokens`; when absent, the cap (or
-        the engine default) further limited by the room the context window leaves."""
+        the engine default) further limited by the room the context window leaves and by the
+        smallest token limit (so that a request without max_tokens never needs more than its
+        key could ever grant, which would be refused outright)."""
         caps = [limits.max_tokens for _, limits in scopes if limits.max_tokens is not None]
         cap = min(caps) if caps else None
         if requested is not None:
             return requested if cap is None else min(requested, cap)
         implied = self._default_max_tokens if cap is None else cap
-        if context_window is not None:
-            implied = min(implied, max(1, context_window - prompt_tokens_estimate))
+        rooms = [context_window] if context_window is not None else []
+        for _, limits in scopes:
+            rooms.extend(
+                limit
+                for limit in (limits.tpm, limits.tokens_per_day, limits.tokens_per_month)
+                if limit is not None
+            )
+        if rooms:
+            implied = min(implied, max(1, min(rooms) - prompt_tokens_estimate))
         return implied
 
     def settle(

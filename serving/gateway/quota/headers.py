@@ -31,8 +31,9 @@ def format_reset(seconds: float) -> str:
     """
     if seconds <= 0:
         return "0s"
-    # round() first so float noise (0.1 * 1000 = 100.00000000000001) does not add 1 ms.
-    millis = math.ceil(round(seconds * 1000, 3))
+    # Less a nanosecond first, so float noise (0.1 * 1000 = 100.00000000000001) does not add
+    # 1 ms.
+    millis = math.ceil(seconds * 1000 - 1e-6)
     if millis < 1000:
         return f"{millis}ms"
     hours, millis = divmod(millis, 3_600_000)
@@ -54,4 +55,22 @@ def rate_limit_headers(status: RateLimitStatus) -> dict[str, str]:
         headers[f"x-ratelimit-limit-{name}"] = str(window.limit)
         headers[f"x-ratelimit-remaining-{name}"] = str(window.remaining)
         headers[f"x-ratelimit-reset-{name}"] = format_reset(window.reset_after)
+    return headers
+
+
+_RAW_NAMES = {
+    kind: tuple(f"x-ratelimit-{part}-{kind}".encode() for part in ("limit", "remaining", "reset"))
+    for kind in ("requests", "tokens")
+}
+
+
+def rate_limit_raw_headers(status: RateLimitStatus) -> list[tuple[bytes, bytes]]:
+    """`rate_limit_headers` as ASGI header pairs, built directly (once per request)."""
+    headers: list[tuple[bytes, bytes]] = []
+    for kind, window in (("requests", status.requests), ("tokens", status.tokens)):
+        if window is not None:
+            limit, remaining, reset = _RAW_NAMES[kind]
+            headers.append((limit, b"%d" % window.limit))
+            headers.append((remaining, b"%d" % window.remaining))
+            headers.append((reset, format_reset(window.reset_after).encode()))
     return headers

@@ -133,6 +133,9 @@ class InMemoryQuotaStore:
     def reclaim_expired(self) -> int:
         return self._reclaim(self._clock.monotonic())
 
+    def active_leases(self) -> int:
+        return len(self._leases)
+
     def status(self, scopes: Sequence[ScopedLimits]) -> RateLimitStatus:
         now = self._clock.monotonic()
         bucket = bucket_of(now)

@@ -117,6 +117,13 @@ def test_implied_max_tokens_fits_the_context_window_but_explicit_values_are_kept
     assert admitted(engine.admit(key, "m", 2000, 500, context_window=2048)).max_tokens == 500
 
 
+def test_implied_max_tokens_fits_the_smallest_token_limit() -> None:
+    key = Subject("key_a", Limits(tpm=100), {"m": Limits(tokens_per_day=60)})
+    assert admitted(make_engine()[0].admit(key, "other", 10, None)).max_tokens == 90
+    assert admitted(make_engine()[0].admit(key, "m", 10, None)).max_tokens == 50
+    assert refused(make_engine()[0].admit(key, "m", 10, 80)).too_large  # explicit: kept
+
+
 def test_requests_per_minute_window_rolls_over_after_61_buckets() -> None:
     engine, clock = make_engine()
     key = Subject("key_a", Limits(rpm=2))

@@ -109,6 +109,18 @@ class QuotaMachine(RuleBasedStateMachine):
         caps = [ALL_SCOPES[scope].max_tokens for scope in scopes]
         cap = min((value for value in caps if value is not None), default=None)
         expected = DEFAULT_MAX_TOKENS if cap is None else cap
+        token_limits = [
+            limit
+            for scope in scopes
+            for limit in (
+                ALL_SCOPES[scope].tpm,
+                ALL_SCOPES[scope].tokens_per_day,
+                ALL_SCOPES[scope].tokens_per_month,
+            )
+            if limit is not None
+        ]
+        if token_limits:  # an implied max_tokens never exceeds what the key could grant
+            expected = min(expected, max(1, min(token_limits) - prompt))
         if requested is not None:
             expected = requested if cap is None else min(requested, cap)
         assert outcome.max_tokens == expected

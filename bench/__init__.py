@@ -1,0 +1,1 @@
+"""Benchmarks that measure paths side by side in one run and write results files."""

@@ -1,0 +1,150 @@
+"""The four paths of the local benchmark, each set up as its users would run it.
+
+    upstream = await start_upstream(launcher)                       # core 0
+    path = await start_path("gateway", launcher, upstream.base_url) # core 1
+
+- direct:      the load generator talks to the fast upstream itself;
+- passthrough: `bench.gateway_overhead.passthrough` (plain ASGI, uvicorn, aiohttp client);
+- gateway:     `serving gateway --upstream URL --port N` with a real key: from a key store
+               (`serving keys create` + `--keys-db`, limits far above the load) when the
+               gateway has that flag, else from SERVING_API_KEY;
+- litellm:     LiteLLM's proxy, one worker, defaults (see `litellm_proxy`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.gateway_overhead import litellm_proxy
+from bench.gateway_overhead.load import Target
+from bench.gateway_overhead.processes import BenchError, Launcher, free_port
+from bench.gateway_overhead.upstream import MODEL
+
+PROXY_CPU = 1
+LOAD_CPU = 0
+READY_TIMEOUT_S = 60.0
+LITELLM_READY_TIMEOUT_S = 240.0
+REPO_ROOT = Path(__file__).resolve().parents[2]
+LABELS = {
+    "direct": "direct to upstream",
+    "passthrough": "minimal passthrough (ASGI + uvicorn + aiohttp client)",
+    "gateway": "our gateway (serving gateway)",
+    "litellm": "LiteLLM proxy (1 worker, defaults)",
+}
+ALL_PATHS = tuple(LABELS)
+# Far above what the benchmark sends, so the quota engine runs but never refuses.
+BENCH_KEY_LIMITS = ("--rpm", "100000000", "--tpm", "100000000000", "--max-concurrency", "100000")
+
+
+@dataclass(frozen=True, kw_only=True)
+class PathUnderTest:
+    name: str
+    label: str
+    target: Target
+    process: str | None = None
+    """Launcher name of the proxy process whose CPU is measured; None when not ours."""
+    notes: str = ""
+
+
+async def start_upstream(launcher: Launcher) -> PathUnderTest:
+    port = free_port()
+    argv = [sys.executable, "-m", "bench.gateway_overhead.upstream", "--port", str(port)]
+    launcher.start("upstream", argv, cpu=LOAD_CPU, cwd=REPO_ROOT)
+    target = Target(base_url=f"http://127.0.0.1:{port}", api_key="sk-direct", model=MODEL)
+    await launcher.wait_ready("upstream", target, timeout_s=READY_TIMEOUT_S)
+    return PathUnderTest(
+        name="direct", label=LABELS["direct"], target=target, notes="fast local upstream"
+    )
+
+
+async def start_path(name: str, launcher: Launcher, upstream: str) -> PathUnderTest:
+    """Start the proxy `name` in front of `upstream` and wait until it answers."""
+    port = free_port()
+    base_url = f"http://127.0.0.1:{port}"
+    timeout = READY_TIMEOUT_S
+    if name == "passthrough":
+        key = "sk-passthrough"
+        argv = [
+            *(sys.executable, "-m", "bench.gateway_overhead.passthrough"),
+            *("--upstream", upstream, "--port", str(port)),
+        ]
+        launcher.start(name, argv, cpu=PROXY_CPU, cwd=REPO_ROOT)
+        notes = "no auth, no quota, no metrics"
+    elif name == "gateway":
+        key, notes = _start_gateway(launcher, upstream, port)
+    elif name == "litellm":
+        key = "sk-bench-" + secrets.token_hex(16)
+        executable = await asyncio.to_thread(
+            litellm_proxy.ensure_installed,
+            litellm_proxy.VENV_DIR,
+            log=litellm_proxy.INSTALL_LOG,
+        )
+        argv, env = litellm_proxy.proxy_command(
+            executable, launcher.workdir, upstream=upstream, port=port, master_key=key, model=MODEL
+        )
+        launcher.start(name, argv, cpu=PROXY_CPU, env=env, cwd=launcher.workdir)
+        notes = f"{litellm_proxy.LITELLM_REQUIREMENT}, master key auth, no database"
+        timeout = LITELLM_READY_TIMEOUT_S
+    else:
+        raise BenchError(f"--paths: unknown path {name!r} (choose from {', '.join(ALL_PATHS)})")
+    target = Target(base_url=base_url, api_key=key, model=MODEL)
+    await launcher.wait_ready(name, target, timeout_s=timeout)
+    return PathUnderTest(name=name, label=LABELS[name], target=target, process=name, notes=notes)
+
+
+def _serving(*args: str) -> list[str]:
+    return [sys.executable, "-m", "serving.cli", *args]
+
+
+def _start_gateway(launcher: Launcher, upstream: str, port: int) -> tuple[str, str]:
+    """Start `serving gateway`; the API key it accepts, and how the key was provisioned."""
+    home = launcher.workdir / "serving-home"
+    home.mkdir(exist_ok=True)
+    env = {"SERVING_HOME": str(home)}
+    argv = _serving("gateway", "--upstream", upstream, "--port", str(port))
+    help_text = _run(_serving("gateway", "--help"), env)
+    if "--keys-db" in help_text:
+        store = home / "bench-keys.db"
+        created = _run(
+            _serving("keys", "create", "--store", str(store), "--name", "bench", *BENCH_KEY_LIMITS),
+            env,
+        )
+        key = next(
+            (
+                line.split(":", 1)[1].strip()
+                for line in created.splitlines()
+                if line.startswith("secret:")
+            ),
+            "",
+        )
+        if not key:
+            raise BenchError(f"gateway: `serving keys create` printed no secret:\n{created}")
+        argv += ["--keys-db", str(store)]
+        notes = "key from `serving keys create` (--keys-db), limits far above the load"
+    else:
+        key = "sk-bench-" + secrets.token_hex(16)
+        env["SERVING_API_KEY"] = key
+        notes = "key from SERVING_API_KEY (this gateway has no --keys-db yet)"
+    launcher.start("gateway", argv, cpu=PROXY_CPU, env=env, cwd=REPO_ROOT)
+    return key, notes
+
+
+def _run(argv: list[str], env: dict[str, str]) -> str:
+    done = subprocess.run(
+        argv,
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env},
+        cwd=REPO_ROOT,
+        timeout=60,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise BenchError(f"`{' '.join(argv[2:])}` failed ({done.returncode}): {done.stderr}")
+    return done.stdout + done.stderr

@@ -1,0 +1,213 @@
+"""Medians, ratios, DESIGN.md section 8 targets, and the table: printed and written.
+
+summary = summarise(samples)                 # per path: medians over the runs
+results = local_results(paths, samples, ...) # the JSON document
+write_results(results, out_dir, "gateway_overhead", markdown(results))
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+from bench.gateway_overhead.load import LOADGEN, MACHINE, Sample
+from bench.gateway_overhead.runner import JSON, LATENCY, STREAM
+
+Json = dict[str, object]
+
+# DESIGN.md section 8.
+MAX_ADDED_P50_MS = 1.0
+MAX_ADDED_P99_MS = 3.0
+MIN_SHARE_OF_PASSTHROUGH = 0.85
+MIN_TIMES_LITELLM = 20.0
+MIN_SHARE_OF_DIRECT_REAL = 0.98
+
+
+def _median(values: Sequence[float]) -> float:
+    finite = [v for v in values if not math.isnan(v)]
+    return statistics.median(finite) if finite else float("nan")
+
+
+def summarise(per_metric: Mapping[str, Sequence[Sample]]) -> dict[str, float]:
+    """Medians over the runs of one path."""
+    latency, json_load, streams = per_metric[LATENCY], per_metric[JSON], per_metric[STREAM]
+
+    def cpu(samples: Sequence[Sample], name: str) -> float:
+        return _median([s.cpu_share.get(name, float("nan")) for s in samples])
+
+    def cost_us(samples: Sequence[Sample]) -> float:
+        """Proxy CPU per completed request: robust to other load stealing its core."""
+        return _median(
+            [s.cpu_share.get("proxy", math.nan) / s.per_second * 1e6 for s in samples if s.ok]
+        )
+
+    all_samples = [*latency, *json_load, *streams]
+    return {
+        "p50_ms": _median([s.percentile_ms(50) for s in latency]),
+        "p99_ms": _median([s.percentile_ms(99) for s in latency]),
+        "req_per_s": _median([s.per_second for s in json_load]),
+        "streams_per_s": _median([s.per_second for s in streams]),
+        "chunks_per_s": _median([s.chunks_per_second for s in streams]),
+        "proxy_cpu_json": cpu(json_load, "proxy"),
+        "proxy_cpu_stream": cpu(streams, "proxy"),
+        "proxy_cpu_us_per_req": cost_us(json_load),
+        "proxy_cpu_us_per_stream": cost_us(streams),
+        "upstream_cpu_json": cpu(json_load, "upstream"),
+        "loadgen_cpu_json": cpu(json_load, LOADGEN),
+        "machine_cpu_json": cpu(json_load, MACHINE),
+        "requests_ok": sum(s.ok for s in all_samples),
+        "errors": sum(s.errors for s in all_samples),
+    }
+
+
+def sample_record(sample: Sample) -> Json:
+    record: Json = {
+        "seconds": round(sample.seconds, 3),
+        "ok": sample.ok,
+        "errors": sample.errors,
+        "per_s": round(sample.per_second, 1),
+        "cpu_share": {k: round(v, 3) for k, v in sample.cpu_share.items()},
+    }
+    if sample.latencies_ms:
+        record["p50_ms"] = round(sample.percentile_ms(50), 3)
+        record["p99_ms"] = round(sample.percentile_ms(99), 3)
+    if sample.chunks:
+        record["chunks_per_s"] = round(sample.chunks_per_second, 1)
+    if sample.first_error:
+        record["first_error"] = sample.first_error
+    return record
+
+
+def ratios(summaries: Mapping[str, Mapping[str, float]]) -> dict[str, dict[str, float]]:
+    """Per path: latency added to direct, throughput as a share of the passthrough, and our
+    gateway's throughput as a multiple of LiteLLM's."""
+    out: dict[str, dict[str, float]] = {}
+    direct = summaries.get("direct")
+    base = summaries.get("passthrough")
+    for name, s in summaries.items():
+        r: dict[str, float] = {}
+        if direct is not None and name != "direct":
+            r["added_p50_ms"] = s["p50_ms"] - direct["p50_ms"]
+            r["added_p99_ms"] = s["p99_ms"] - direct["p99_ms"]
+        if base is not None:
+            r["req_share_of_passthrough"] = _div(s["req_per_s"], base["req_per_s"])
+            r["streams_share_of_passthrough"] = _div(s["streams_per_s"], base["streams_per_s"])
+            if name != "direct":
+                # The same shares per proxy CPU second: what one dedicated core sustains.
+                r["req_per_cpu_share_of_passthrough"] = _div(
+                    base["proxy_cpu_us_per_req"], s["proxy_cpu_us_per_req"]
+                )
+                r["streams_per_cpu_share_of_passthrough"] = _div(
+                    base["proxy_cpu_us_per_stream"], s["proxy_cpu_us_per_stream"]
+                )
+        out[name] = r
+    gateway, litellm = summaries.get("gateway"), summaries.get("litellm")
+    if gateway is not None and litellm is not None:
+        out["gateway"]["req_times_litellm"] = _div(gateway["req_per_s"], litellm["req_per_s"])
+        out["gateway"]["streams_times_litellm"] = _div(
+            gateway["streams_per_s"], litellm["streams_per_s"]
+        )
+    return out
+
+
+def _div(a: float, b: float) -> float:
+    return a / b if b > 0 and not math.isnan(a) else float("nan")
+
+
+def _check(name: str, measured: float | None, ok: Callable[[float], bool], unit: str) -> Json:
+    if measured is None or math.isnan(measured):
+        return {"target": name, "measured": None, "verdict": "not measured"}
+    return {
+        "target": name,
+        "measured": round(measured, 3),
+        "unit": unit,
+        "verdict": "pass" if ok(measured) else "MISS",
+    }
+
+
+def local_targets(r: Mapping[str, Mapping[str, float]]) -> list[Json]:
+    g = r.get("gateway", {})
+    return [
+        _check(
+            f"gateway adds <= {MAX_ADDED_P50_MS:g} ms p50 (one at a time, JSON)",
+            g.get("added_p50_ms"),
+            lambda v: v <= MAX_ADDED_P50_MS,
+            "ms",
+        ),
+        _check(
+            f"gateway adds <= {MAX_ADDED_P99_MS:g} ms p99 (one at a time, JSON)",
+            g.get("added_p99_ms"),
+            lambda v: v <= MAX_ADDED_P99_MS,
+            "ms",
+        ),
+        _check(
+            f"gateway req/s >= {MIN_SHARE_OF_PASSTHROUGH:.0%} of the minimal passthrough",
+            g.get("req_share_of_passthrough"),
+            lambda v: v >= MIN_SHARE_OF_PASSTHROUGH,
+            "share",
+        ),
+        _check(
+            f"gateway streams/s >= {MIN_SHARE_OF_PASSTHROUGH:.0%} of the minimal passthrough",
+            g.get("streams_share_of_passthrough"),
+            lambda v: v >= MIN_SHARE_OF_PASSTHROUGH,
+            "share",
+        ),
+        _check(
+            f"same, per proxy CPU second: req/s >= {MIN_SHARE_OF_PASSTHROUGH:.0%} of passthrough",
+            g.get("req_per_cpu_share_of_passthrough"),
+            lambda v: v >= MIN_SHARE_OF_PASSTHROUGH,
+            "share",
+        ),
+        _check(
+            f"same, per proxy CPU second: streams/s >= {MIN_SHARE_OF_PASSTHROUGH:.0%} of "
+            "passthrough",
+            g.get("streams_per_cpu_share_of_passthrough"),
+            lambda v: v >= MIN_SHARE_OF_PASSTHROUGH,
+            "share",
+        ),
+        _check(
+            f"gateway req/s >= {MIN_TIMES_LITELLM:g}x LiteLLM's",
+            g.get("req_times_litellm"),
+            lambda v: v >= MIN_TIMES_LITELLM,
+            "times",
+        ),
+    ]
+
+
+def real_target(share: float, what: str) -> Json:
+    return _check(
+        f"{what} through the gateway >= {MIN_SHARE_OF_DIRECT_REAL:.0%} of direct vLLM's",
+        share,
+        lambda v: v >= MIN_SHARE_OF_DIRECT_REAL,
+        "share",
+    )
+
+
+def missed(targets: Sequence[Mapping[str, object]]) -> bool:
+    return any(t["verdict"] == "MISS" for t in targets)
+
+
+def write_results(results: Json, out_dir: Path, stem: str, text: str) -> tuple[Path, Path]:
+    """Write `stem`.json and `stem`.md atomically (write, then rename)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = (out_dir / f"{stem}.json", out_dir / f"{stem}.md")
+    contents = (json.dumps(results, indent=2, allow_nan=False) + "\n", text)
+    for path, content in zip(paths, contents, strict=True):
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(content)
+        tmp.replace(path)
+    return paths
+
+
+def clean(value: object) -> object:
+    """`value` with NaN floats replaced by None (JSON has no NaN) and floats rounded."""
+    if isinstance(value, float):
+        return None if math.isnan(value) else round(value, 4)
+    if isinstance(value, dict):
+        return {k: clean(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [clean(v) for v in value]
+    return value

@@ -1,0 +1,203 @@
+"""The results as Markdown: the side-by-side table, the targets, notes and the profile.
+
+    print(local_markdown(results))      # also what `gateway_overhead.md` holds
+
+A Markdown table reads well in a terminal too, so one format serves both.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+Doc = Mapping[str, Any]
+
+
+def _num(value: object, spec: str, suffix: str = "") -> str:
+    if not isinstance(value, int | float) or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return format(value, spec) + suffix
+
+
+def _row(cells: Sequence[str]) -> str:
+    return "| " + " | ".join(cells) + " |"
+
+
+def _table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    return [_row(head), _row(["---"] * len(head)), *(_row(r) for r in rows)]
+
+
+def _pct(value: object) -> str:
+    return _num(value * 100 if isinstance(value, int | float) else value, ".0f", "%")
+
+
+def local_table(doc: Doc) -> list[str]:
+    head = [
+        "path",
+        "p50 ms",
+        "p99 ms",
+        "added p50",
+        "added p99",
+        "req/s (32 conc.)",
+        "req/s vs passthrough",
+        "streams/s (32 conc.)",
+        "chunks/s",
+        "streams/s vs passthrough",
+        "proxy CPU µs per req / per stream (core busy)",
+    ]
+    rows = []
+    for name, path in doc["paths"].items():
+        s, r = path["summary"], doc["ratios"].get(name, {})
+        cost = (
+            f"{_num(s['proxy_cpu_us_per_req'], ',.0f')} ({_pct(s['proxy_cpu_json'])}) / "
+            f"{_num(s['proxy_cpu_us_per_stream'], ',.0f')} ({_pct(s['proxy_cpu_stream'])})"
+            if name != "direct"
+            else "-"
+        )
+        rows.append(
+            [
+                path["label"],
+                _num(s["p50_ms"], ".2f"),
+                _num(s["p99_ms"], ".2f"),
+                _num(r.get("added_p50_ms"), "+.2f", " ms"),
+                _num(r.get("added_p99_ms"), "+.2f", " ms"),
+                _num(s["req_per_s"], ",.0f"),
+                _pct(r.get("req_share_of_passthrough")),
+                _num(s["streams_per_s"], ",.0f"),
+                _num(s["chunks_per_s"], ",.0f"),
+                _pct(r.get("streams_share_of_passthrough")),
+                cost,
+            ]
+        )
+    lines = _table(head, rows)
+    gateway = doc["ratios"].get("gateway", {})
+    if "req_times_litellm" in gateway:
+        lines += [
+            "",
+            f"Our gateway vs LiteLLM: {_num(gateway['req_times_litellm'], '.1f', 'x')} the "
+            f"req/s, {_num(gateway['streams_times_litellm'], '.1f', 'x')} the streams/s.",
+        ]
+    return lines
+
+
+def spread_table(doc: Doc) -> list[str]:
+    """Each run's value, so the spread behind the medians is visible."""
+
+    def runs(path: Mapping[str, Any], metric: str, key: str, spec: str) -> str:
+        return ", ".join(_num(run.get(key), spec) for run in path["runs"][metric])
+
+    rows = [
+        [
+            path["label"],
+            runs(path, "latency", "p50_ms", ".2f"),
+            runs(path, "latency", "p99_ms", ".2f"),
+            runs(path, "json", "per_s", ",.0f"),
+            runs(path, "stream", "per_s", ",.0f"),
+        ]
+        for path in doc["paths"].values()
+    ]
+    head = ["path (each run)", "p50 ms", "p99 ms", "req/s", "streams/s"]
+    return ["", "Spread: the value of each run, in the order measured.", "", *_table(head, rows)]
+
+
+def targets_table(targets: Sequence[Mapping[str, Any]]) -> list[str]:
+    rows = []
+    for t in targets:
+        measured = t["measured"]
+        unit = t.get("unit", "")
+        if measured is None:
+            shown = "-"
+        elif unit == "share":
+            shown = _pct(measured)
+        elif unit == "times":
+            shown = _num(measured, ".1f", "x")
+        else:
+            shown = _num(measured, "+.2f", " ms")
+        rows.append([t["target"], shown, f"**{t['verdict']}**"])
+    return _table(["target (DESIGN.md section 8)", "measured", "verdict"], rows)
+
+
+def profile_lines(profile: Mapping[str, Any] | None) -> list[str]:
+    if not profile:
+        return []
+    lines = ["", "## Where the gateway's time goes (profile under load)", ""]
+    if "skipped" in profile:
+        return [*lines, f"No profile: {profile['skipped']}"]
+    lines += [
+        f"{profile['samples']} samples of the gateway process at 32 concurrent JSON requests, "
+        f"then streams; {profile['tool']}. Shares are of the samples in which it was busy.",
+        "",
+    ]
+    for key, title in (
+        ("by_area", "by area (innermost Python frame)"),
+        ("self", "top functions, self"),
+        ("gateway_files", "gateway modules, self"),
+        ("inclusive", "gateway functions, including what they call"),
+    ):
+        rows = [[f"`{e['name']}`", _pct(e["share"])] for e in profile[key]]
+        lines += [f"**{title}**", "", *_table(["where", "share"], rows), ""]
+    return lines
+
+
+def local_markdown(doc: Doc) -> str:
+    machine, plan = doc["machine"], doc["plan"]
+    lines = [
+        "# Gateway overhead benchmark",
+        "",
+        f"`{doc['command']}` at {doc['created']}; {plan['runs']} interleaved runs of "
+        f"{plan['seconds_per_measurement']:g} s per measurement, medians shown; "
+        f"{plan['concurrency']} concurrent for req/s and streams/s; 20-token responses "
+        "from a fast local upstream (no think time).",
+        "",
+        f"Machine: {machine['cpus']} cores ({machine['cpu_model']}), Python "
+        f"{machine['python']}; {machine['pinning']}. Load average before/after: "
+        f"{machine['loadavg_before']} / {machine['loadavg_after']}.",
+        "",
+        *local_table(doc),
+        *spread_table(doc),
+        "",
+        *targets_table(doc["targets"]),
+        "",
+        "## Notes",
+        "",
+        *(f"- {path['label']}: {path['notes']}" for path in doc["paths"].values() if path["notes"]),
+        *(f"- {name}: not measured: {why}" for name, why in doc["skipped"].items()),
+        *(f"- {note}" for note in doc["notes"]),
+        *profile_lines(doc.get("profile")),
+    ]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def real_markdown(doc: Doc) -> str:
+    head = ["path", "p50 ms", "p99 ms", "req/s", "streams/s", "chunks/s"]
+    rows = [
+        [
+            doc["paths"][name]["label"],
+            _num(s["p50_ms"], ".1f"),
+            _num(s["p99_ms"], ".1f"),
+            _num(s["req_per_s"], ",.1f"),
+            _num(s["streams_per_s"], ",.1f"),
+            _num(s["chunks_per_s"], ",.0f"),
+        ]
+        for name, s in ((n, p["summary"]) for n, p in doc["paths"].items())
+    ]
+    share = doc["share_of_direct"]
+    plan = doc["plan"]
+    lines = [
+        "# Gateway overhead on the real engine",
+        "",
+        f"`{doc['command']}` at {doc['created']}; model `{doc['model']}`, max_tokens "
+        f"{doc['max_tokens']} (ignore_eos); {plan['runs']} interleaved runs of "
+        f"{plan['seconds_per_measurement']:g} s, medians; {plan['concurrency']} concurrent.",
+        "",
+        *_table(head, rows),
+        "",
+        f"Through the gateway: {_pct(share['req_per_s'])} of direct req/s, "
+        f"{_pct(share['streams_per_s'])} of direct streams/s, "
+        f"{_pct(share['chunks_per_s'])} of direct chunks/s.",
+        "",
+        *targets_table(doc["targets"]),
+        *(f"- {note}" for note in doc["notes"]),
+    ]
+    return "\n".join(lines).rstrip() + "\n"

@@ -1,0 +1,387 @@
+"""The embedded default model: a few-million-parameter Qwen3 built and trained here, cached.
+
+No machine of this project can download weights, so `ensure_tiny_model()` makes a real
+`Qwen3ForCausalLM` checkpoint (bf16 safetensors, config, generation config, Qwen tokenizer
+with a ChatML template) from the shipped corpus. It trains briefly so greedy output is
+English words, not noise: the same loading, paging, scheduling and API paths as a 7B model.
+
+Same inputs give byte-identical files on the same machine and torch build: seeded RNGs,
+deterministic kernels, a fixed thread count, sorted JSON keys, no timestamps. The output dir
+holds `build-info.json` with a fingerprint of the corpus, the build parameters and
+BUILDER_VERSION; a dir with a matching fingerprint is reused. Builds go to a temp dir beside
+the target and are renamed into place, so an interrupted build never leaves half a model.
+
+Usage: `path = ensure_tiny_model()` or, in tests, `ensure_tiny_model(tmp, steps=10)`.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import math
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any, TextIO
+
+from serving.engine import tiny_tokenizer as tt
+from serving.errors import ServingError
+from serving.paths import models_dir
+
+# Bump when the builder's code changes what it writes; it is part of the fingerprint.
+BUILDER_VERSION = "1"
+MODEL_NAME = "qwen3-tiny"
+BUILD_INFO = "build-info.json"
+
+
+@dataclass(frozen=True, kw_only=True)
+class TinyModelParams:
+    """Everything that decides the built files besides the corpus and the builder's code.
+
+    Usage: `TinyModelParams(steps=10)` for a quick test build.
+    """
+
+    vocab_size: int = 2048  # the 48 KB corpus yields ~2,200 merges that occur twice
+    hidden_size: int = 256
+    num_hidden_layers: int = 4
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    head_dim: int = 64
+    intermediate_size: int = 768  # AWQ packs groups of 128 input channels
+    max_position_embeddings: int = 4096
+    rope_theta: float = 10000.0
+    seed: int = 20240601
+    # Small batches, many steps: the lowest loss per CPU second in a ~30 s budget.
+    steps: int = 400
+    batch_size: int = 2
+    seq_len: int = 128
+    learning_rate: float = 4e-3
+    warmup_steps: int = 20
+    # Fixed, not "all cores": the float reduction order, and so the bytes, depend on it.
+    num_threads: int = 2
+
+    def __post_init__(self) -> None:
+        if self.intermediate_size % 128:
+            raise ServingError(f"intermediate_size={self.intermediate_size}: not a multiple of 128")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ServingError(
+                f"num_key_value_heads={self.num_key_value_heads}: must divide "
+                f"num_attention_heads={self.num_attention_heads}"
+            )
+        for name in ("steps", "batch_size", "seq_len", "num_threads", "vocab_size"):
+            if getattr(self, name) < 1:
+                raise ServingError(f"{name}={getattr(self, name)}: must be at least 1")
+
+    def fingerprint(self, corpus: list[Path]) -> str:
+        digest = hashlib.sha256()
+        digest.update(f"builder={BUILDER_VERSION}\n".encode())
+        digest.update(json.dumps(asdict(self), sort_keys=True).encode())
+        for path in corpus:
+            digest.update(f"\n{path.name}\n".encode())
+            digest.update(hashlib.sha256(path.read_bytes()).digest())
+        return digest.hexdigest()
+
+
+class Progress:
+    """Build status on stderr: one line rewritten in place on a terminal, plain lines in logs.
+
+    Usage: `Progress()`; `Progress(quiet=True)` for callers that print their own summary.
+    """
+
+    def __init__(self, stream: TextIO | None = None, *, quiet: bool = False) -> None:
+        self._stream = stream if stream is not None else sys.stderr
+        self._quiet = quiet
+        self._tty = self._stream.isatty()
+        self._open = False  # an unfinished status line is on screen
+
+    def status(self, text: str, *, log: bool = True) -> None:
+        """Replace the status line; without a terminal write it as a line only when `log`."""
+        if self._quiet:
+            return
+        if self._tty:
+            self._stream.write(f"\r{text}\x1b[K")
+            self._open = True
+        elif log:
+            self._stream.write(text + "\n")
+        self._stream.flush()
+
+    def line(self, text: str) -> None:
+        """A line that stays, ending any status line."""
+        if self._quiet:
+            return
+        self._stream.write(("\r\x1b[K" if self._open else "") + text + "\n")
+        self._open = False
+        self._stream.flush()
+
+
+def default_model_dir() -> Path:
+    return models_dir() / MODEL_NAME
+
+
+def read_build_info(model_dir: Path) -> dict[str, Any] | None:
+    """The build record of a finished build, or None when there is none (or it is unreadable)."""
+    try:
+        info = json.loads((model_dir / BUILD_INFO).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return info if isinstance(info, dict) else None
+
+
+def ensure_tiny_model(
+    out: Path | None = None,
+    *,
+    force: bool = False,
+    steps: int | None = None,
+    params: TinyModelParams | None = None,
+    progress: Progress | None = None,
+) -> Path:
+    """Return a dir holding the tiny model, building it first unless a matching build is there."""
+    chosen = params or TinyModelParams()
+    if steps is not None:
+        chosen = replace(chosen, steps=steps)
+    target = (out or default_model_dir()).expanduser().resolve()
+    report = progress or Progress()
+    corpus = tt.corpus_files()
+    if not corpus:
+        raise ServingError(f"no corpus files in {tt.corpus_dir()}: the package is incomplete")
+    fingerprint = chosen.fingerprint(corpus)
+    if not force and _is_current(target, fingerprint):
+        report.line(f"{MODEL_NAME}: cached in {target}")
+        return target
+    _check_replaceable(target)
+    with _build_lock(target):
+        # Another process may have finished the same build while we waited for the lock.
+        if not force and _is_current(target, fingerprint):
+            report.line(f"{MODEL_NAME}: cached in {target}")
+            return target
+        _remove_partial_builds(target)
+        partial = Path(
+            tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".partial", dir=target.parent)
+        )
+        started = time.monotonic()
+        try:
+            record = _build(partial, chosen, tt.read_corpus(corpus), report)
+            _write_build_info(partial, chosen, fingerprint, corpus, record)
+            _swap_into_place(partial, target)
+        except BaseException:
+            shutil.rmtree(partial, ignore_errors=True)
+            raise
+        report.line(f"{MODEL_NAME}: built in {time.monotonic() - started:.1f}s: {target}")
+    return target
+
+
+def _is_current(target: Path, fingerprint: str) -> bool:
+    info = read_build_info(target)
+    return info is not None and info.get("fingerprint") == fingerprint
+
+
+def _check_replaceable(target: Path) -> None:
+    """Refuse to replace a dir that is not an earlier build: `--out ~` must not wipe home."""
+    if target.exists() and not target.is_dir():
+        raise ServingError(f"{target} exists and is not a directory")
+    if target.is_dir() and any(target.iterdir()) and read_build_info(target) is None:
+        raise ServingError(f"{target} is not empty and holds no {BUILD_INFO}; choose another dir")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ServingError(f"cannot create {target.parent}: {exc.strerror}") from exc
+
+
+@contextmanager
+def _build_lock(target: Path) -> Iterator[None]:
+    """One builder per target across processes (`serving up` twice, tests in parallel)."""
+    lock_path = target.parent / f".{target.name}.lock"
+    try:
+        handle = lock_path.open("a")
+    except OSError as exc:
+        raise ServingError(f"cannot write in {target.parent}: {exc.strerror}") from exc
+    with handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _remove_partial_builds(target: Path) -> None:
+    # Held the lock, so these are leftovers of killed builds, not builds in progress.
+    for leftover in target.parent.glob(f".{target.name}.*.partial"):
+        shutil.rmtree(leftover, ignore_errors=True)
+
+
+def _swap_into_place(partial: Path, target: Path) -> None:
+    """Rename the finished build onto the target: readers never see a half-written model."""
+    # mkdtemp (and safetensors' own temp file) made these private; vLLM may run as another user.
+    partial.chmod(0o755)
+    for path in partial.iterdir():
+        path.chmod(0o644)
+    if not target.exists():
+        partial.rename(target)
+        return
+    retired = target.parent / f".{target.name}.{os.getpid()}.retired.partial"
+    target.rename(retired)
+    partial.rename(target)
+    shutil.rmtree(retired, ignore_errors=True)
+
+
+def _write_build_info(
+    model_dir: Path,
+    params: TinyModelParams,
+    fingerprint: str,
+    corpus: list[Path],
+    record: dict[str, Any],
+) -> None:
+    """Written last: its presence marks a complete build."""
+    tt.write_json(
+        model_dir / BUILD_INFO,
+        {
+            "builder_version": BUILDER_VERSION,
+            "corpus_sha256": {
+                path.name: hashlib.sha256(path.read_bytes()).hexdigest() for path in corpus
+            },
+            "fingerprint": fingerprint,
+            "model": MODEL_NAME,
+            "params": asdict(params),
+            **record,
+        },
+    )
+
+
+def qwen3_config(params: TinyModelParams, vocab_size: int, ids: dict[str, int]) -> dict[str, Any]:
+    """config.json in the form of the published Qwen3 checkpoints, read by transformers 4 and 5."""
+    return {
+        "architectures": ["Qwen3ForCausalLM"],
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "bos_token_id": ids[tt.ENDOFTEXT],
+        "eos_token_id": ids[tt.IM_END],
+        "head_dim": params.head_dim,
+        "hidden_act": "silu",
+        "hidden_size": params.hidden_size,
+        "initializer_range": 0.02,
+        "intermediate_size": params.intermediate_size,
+        "max_position_embeddings": params.max_position_embeddings,
+        "max_window_layers": params.num_hidden_layers,
+        "model_type": "qwen3",
+        "num_attention_heads": params.num_attention_heads,
+        "num_hidden_layers": params.num_hidden_layers,
+        "num_key_value_heads": params.num_key_value_heads,
+        "pad_token_id": ids[tt.ENDOFTEXT],
+        "rms_norm_eps": 1e-06,
+        "rope_scaling": None,
+        "rope_theta": params.rope_theta,
+        "sliding_window": None,
+        "tie_word_embeddings": True,
+        "torch_dtype": "bfloat16",
+        "use_cache": True,
+        "use_sliding_window": False,
+        "vocab_size": vocab_size,
+    }
+
+
+@contextmanager
+def _deterministic_torch(params: TinyModelParams) -> Iterator[None]:
+    """Seeded, deterministic, fixed-thread torch; the caller's settings come back afterwards."""
+    import torch
+
+    threads, strict = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
+    torch.set_num_threads(params.num_threads)
+    torch.use_deterministic_algorithms(True)
+    torch.manual_seed(params.seed)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+        torch.use_deterministic_algorithms(strict)
+
+
+def _learning_rate(step: int, params: TinyModelParams) -> float:
+    """Linear warm-up, then cosine decay to a tenth of the peak."""
+    if step < params.warmup_steps:
+        return params.learning_rate * (step + 1) / params.warmup_steps
+    done = (step - params.warmup_steps) / max(1, params.steps - params.warmup_steps)
+    return params.learning_rate * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * done)))
+
+
+def _build(
+    out_dir: Path, params: TinyModelParams, texts: list[str], report: Progress
+) -> dict[str, Any]:
+    """Write every model file into out_dir; return what build-info records about training."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    report.status(f"{MODEL_NAME}: training the tokenizer")
+    tokenizer = tt.train_tokenizer(texts, vocab_size=params.vocab_size)
+    tt.save_tokenizer(tokenizer, out_dir, model_max_length=params.max_position_embeddings)
+    ids = tt.special_token_ids()
+    vocab_size = -(-tokenizer.get_vocab_size() // 64) * 64  # round up: friendlier matmul shapes
+    config = qwen3_config(params, vocab_size, ids)
+    tt.write_json(out_dir / "config.json", config)
+    tt.write_json(
+        out_dir / "generation_config.json",
+        {
+            "bos_token_id": ids[tt.ENDOFTEXT],
+            "eos_token_id": [ids[tt.IM_END], ids[tt.ENDOFTEXT]],
+            "pad_token_id": ids[tt.ENDOFTEXT],
+        },
+    )
+    stream: list[int] = []
+    for document in tt.training_documents(texts, seed=params.seed):
+        stream.extend(tokenizer.encode(document).ids)
+    if len(stream) <= params.seq_len:
+        raise ServingError(f"seq_len={params.seq_len}: longer than the corpus ({len(stream)})")
+
+    with _deterministic_torch(params):
+        model = Qwen3ForCausalLM(Qwen3Config(**config)).float()  # type: ignore[no-untyped-call]
+        data = torch.tensor(stream, dtype=torch.long)
+        generator = torch.Generator().manual_seed(params.seed)
+        optimizer = torch.optim.AdamW(
+            model.parameters(), lr=params.learning_rate, betas=(0.9, 0.95), weight_decay=0.01
+        )
+        model.train()
+        losses: list[float] = []
+        for step in range(params.steps):
+            for group in optimizer.param_groups:
+                group["lr"] = _learning_rate(step, params)
+            starts = torch.randint(
+                0, len(stream) - params.seq_len, (params.batch_size,), generator=generator
+            )
+            batch = torch.stack([data[start : start + params.seq_len] for start in starts.tolist()])
+            # Never a target: chat turns are opened by the prompt, so the model must not learn
+            # to open one after a newline (it did, before this mask).
+            labels = batch.masked_fill(batch == ids[tt.IM_START], -100)
+            loss = model(input_ids=batch, labels=labels).loss
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            losses.append(float(loss.item()))
+            report.status(
+                f"{MODEL_NAME}: training step {step + 1}/{params.steps} loss {losses[-1]:.2f}",
+                log=(step + 1) % max(1, params.steps // 10) == 0,
+            )
+        parameters = sum(p.numel() for p in model.parameters())
+        # Tied: lm_head.weight is embed_tokens.weight; checkpoints store the embedding only.
+        tensors = {
+            name: tensor.detach().to(torch.bfloat16).contiguous()
+            for name, tensor in model.state_dict().items()
+            if name != "lm_head.weight"
+        }
+    report.status(f"{MODEL_NAME}: saving")
+    save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    tail = losses[-10:]
+    return {
+        "final_loss": round(sum(tail) / len(tail), 4),
+        "initial_loss": round(losses[0], 4),
+        "parameters": parameters,
+        "training_tokens": len(stream),
+        "vocab_size": vocab_size,
+    }

@@ -1,0 +1,206 @@
+"""The gateway's Prometheus metrics (DESIGN.md section 6), one registry per app.
+
+    metrics = GatewayMetrics(leases=store.active_leases)
+    record = RequestRecord(started=time.perf_counter())   # filled in while handling
+    metrics.observe(record, ended=time.perf_counter())    # once, when the request is done
+    body = metrics.render()                               # GET /metrics
+
+Series (labels use the key's public id and the model, never a secret):
+    gateway_requests_total{key,model,status}       status: the HTTP status sent; 499 when the
+                                                   client left before a response was sent
+    gateway_request_duration_seconds{model}        gateway entry to last byte
+    gateway_time_to_first_byte_seconds{model}      gateway entry to the first body byte
+    gateway_tokens_total{key,model,kind}           kind: prompt|completion, as charged
+    gateway_quota_rejections_total{key,reason}     rpm|tpm|concurrency|daily|monthly
+    gateway_in_flight_requests                     /v1 requests being handled
+    gateway_upstream_errors_total{kind}            connect|timeout|reset|status_5xx|in_band|
+                                                   bad_json|bad_sse|missing_usage
+    gateway_upstream_healthy                       1 when the upstream's /health answers 200
+    gateway_added_latency_seconds                  the gateway's own time: before forwarding
+                                                   plus after the upstream was done
+    gateway_quota_leases                           quota leases held (0 when idle)
+
+Values are plain Python numbers updated on the event loop (where scrapes are answered too),
+turned into Prometheus families only when scraped: a request costs a few dict updates, not
+prometheus_client's locks and label checks.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.metrics_core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+
+from serving.gateway.asgi import RawHeaders
+
+_K = TypeVar("_K")
+
+NONE = "none"
+CONTENT_TYPE = CONTENT_TYPE_LATEST.encode()
+DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+ADDED_BUCKETS = (0.0001, 0.00025, 0.0005, 0.00075, 0.001, 0.002, 0.003, 0.005, 0.01, 0.025, 0.1)
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    """What one request did, for `GatewayMetrics.observe` (perf_counter readings)."""
+
+    started: float
+    key: str = NONE
+    model: str = NONE
+    status: int = 0
+    refusal: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    upstream_error: str | None = None
+    forwarded_at: float = 0.0
+    first_byte_at: float = 0.0
+    upstream_done_at: float = 0.0
+    headers: RawHeaders = field(default_factory=list)
+    """Rate-limit headers every response to this request carries."""
+
+
+class Histogram:
+    __slots__ = ("bounds", "counts", "total")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)  # the last one is +Inf
+        self.total = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.total += value
+
+    def buckets(self) -> list[tuple[str, float]]:
+        cumulative = 0
+        rows: list[tuple[str, float]] = []
+        for bound, count in zip(self.bounds, self.counts, strict=False):
+            cumulative += count
+            rows.append((repr(float(bound)), cumulative))
+        rows.append(("+Inf", cumulative + self.counts[-1]))
+        return rows
+
+
+class GatewayMetrics:
+    def __init__(self, *, leases: Callable[[], int] = lambda: 0) -> None:
+        self.requests: dict[tuple[str, str, str], int] = {}
+        self.tokens: dict[tuple[str, str, str], int] = {}
+        self.rejections: dict[tuple[str, str], int] = {}
+        self.upstream_errors: dict[str, int] = {}
+        self.duration: dict[str, Histogram] = {}
+        self.ttfb: dict[str, Histogram] = {}
+        self.added_latency = Histogram(ADDED_BUCKETS)
+        self.in_flight = 0
+        self.upstream_healthy = 0.0
+        self._leases = leases
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(self)
+
+    def set_upstream_healthy(self, healthy: bool) -> None:
+        self.upstream_healthy = 1.0 if healthy else 0.0
+
+    def observe(self, record: RequestRecord, ended: float) -> None:
+        key, model = record.key, record.model
+        labels = (key, model, str(record.status or 499))
+        self.requests[labels] = self.requests.get(labels, 0) + 1
+        _histogram(self.duration, model).observe(ended - record.started)
+        if record.first_byte_at:
+            _histogram(self.ttfb, model).observe(record.first_byte_at - record.started)
+        if record.prompt_tokens:
+            _add(self.tokens, (key, model, "prompt"), record.prompt_tokens)
+        if record.completion_tokens:
+            _add(self.tokens, (key, model, "completion"), record.completion_tokens)
+        if record.refusal is not None:
+            _add(self.rejections, (key, record.refusal), 1)
+        if record.upstream_error is not None:
+            _add(self.upstream_errors, record.upstream_error, 1)
+        if record.forwarded_at and record.upstream_done_at:
+            own = (record.forwarded_at - record.started) + (ended - record.upstream_done_at)
+            self.added_latency.observe(own)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+    def collect(self) -> Iterator[Metric]:
+        """The families, as prometheus_client's registry asks a collector for them."""
+        requests = CounterMetricFamily(
+            "gateway_requests", "Requests by key, model and status.",
+            labels=("key", "model", "status"),
+        )  # fmt: skip
+        for labels, count in self.requests.items():
+            requests.add_metric(labels, count)
+        yield requests
+        yield _histograms(
+            "gateway_request_duration_seconds", "Time from gateway entry to the last byte.",
+            self.duration,
+        )  # fmt: skip
+        yield _histograms(
+            "gateway_time_to_first_byte_seconds", "Time from gateway entry to the first body byte.",
+            self.ttfb,
+        )  # fmt: skip
+        tokens = CounterMetricFamily(
+            "gateway_tokens", "Tokens charged, by kind (prompt or completion).",
+            labels=("key", "model", "kind"),
+        )  # fmt: skip
+        for labels, count in self.tokens.items():
+            tokens.add_metric(labels, count)
+        yield tokens
+        rejections = CounterMetricFamily(
+            "gateway_quota_rejections", "Requests refused by a quota limit.",
+            labels=("key", "reason"),
+        )  # fmt: skip
+        for pair, count in self.rejections.items():
+            rejections.add_metric(pair, count)
+        yield rejections
+        errors = CounterMetricFamily(
+            "gateway_upstream_errors", "Upstream failures and malformed responses, by kind.",
+            labels=("kind",),
+        )  # fmt: skip
+        for kind, count in self.upstream_errors.items():
+            errors.add_metric((kind,), count)
+        yield errors
+        yield GaugeMetricFamily(
+            "gateway_in_flight_requests", "API requests being handled.", value=self.in_flight
+        )
+        yield GaugeMetricFamily(
+            "gateway_upstream_healthy", "1 when the upstream's /health answered 200.",
+            value=self.upstream_healthy,
+        )  # fmt: skip
+        added = HistogramMetricFamily(
+            "gateway_added_latency_seconds",
+            "The gateway's own time per request: before forwarding plus after the upstream.",
+        )
+        added.add_metric((), self.added_latency.buckets(), self.added_latency.total)
+        yield added
+        yield GaugeMetricFamily(
+            "gateway_quota_leases", "Quota leases held.", value=float(self._leases())
+        )
+
+
+def _add(counts: dict[_K, int], key: _K, amount: int) -> None:
+    counts[key] = counts.get(key, 0) + amount
+
+
+def _histogram(histograms: dict[str, Histogram], model: str) -> Histogram:
+    histogram = histograms.get(model)
+    if histogram is None:
+        histogram = histograms[model] = Histogram(DURATION_BUCKETS)
+    return histogram
+
+
+def _histograms(name: str, documentation: str, by_model: dict[str, Histogram]) -> Metric:
+    family = HistogramMetricFamily(name, documentation, labels=("model",))
+    for model, histogram in by_model.items():
+        family.add_metric((model,), histogram.buckets(), histogram.total)
+    return family

@@ -1,0 +1,193 @@
+"""Reading vLLM's reported usage from a response as it is relayed, at minimal per-chunk cost.
+
+    meter = ResponseMeter(strip_usage=True)
+    meter.read_json(body)                  # a whole JSON body
+    out = meter.feed(chunk) ... meter.end()  # an SSE stream: returns the bytes to relay
+
+For SSE the per-chunk work is a few C-level byte scans: where the last complete event ends,
+how many `data:` fields and events went by (the tokens relayed so far, for a stream cut
+short; an event without data is not vLLM's SSE) and whether `"usage"` or `"error"` occurs.
+Only events holding one of those are split and parsed: vLLM's usage chunk (`"choices":[]`
+plus `"usage"`, right before `[DONE]`), which is dropped when the client did not ask for
+usage, and an in-band error event. A partial event is held back until its end arrives, so a
+dropped event never leaves half an event behind.
+
+JSON escapes every quote inside a string, so `"usage"` and `"error"` with their quotes can
+only be keys or whole string values, never a piece of generated text.
+
+Problems are recorded, never raised: `problem` names the first (`bad_json`, `bad_sse`) and
+`inband_error` says the upstream sent `data: {"error": ...}` after its 200.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import NamedTuple
+
+# A partial event larger than this is not SSE as vLLM writes it: relay it raw.
+MAX_PENDING = 256 * 1024
+# Non-SSE streamed bodies keep this much of their end, where usage sits.
+TAIL_BYTES = 8 * 1024
+_SEPARATOR = re.compile(rb"\r?\n\r?\n")
+_FIELDS = (b"data:", b":", b"event:", b"id:", b"retry:")
+# `"usage": {...}` with at most one level of nested objects (prompt_tokens_details).
+_USAGE = re.compile(rb'"usage"\s*:\s*(\{[^{}]*(?:\{[^{}]*\}[^{}]*)*\})')
+
+
+class Usage(NamedTuple):
+    prompt_tokens: int
+    completion_tokens: int
+
+
+def parse_usage(value: object) -> Usage | None:
+    if not isinstance(value, dict):
+        return None
+    prompt, completion = value.get("prompt_tokens"), value.get("completion_tokens")
+    if (
+        isinstance(prompt, int)
+        and isinstance(completion, int)
+        and not isinstance(prompt, bool)
+        and not isinstance(completion, bool)
+        and prompt >= 0
+        and completion >= 0
+    ):
+        return Usage(prompt, completion)
+    return None
+
+
+class ResponseMeter:
+    __slots__ = ("_pending", "_tail", "events", "inband_error", "problem", "strip_usage", "usage")
+
+    def __init__(self, *, strip_usage: bool) -> None:
+        self.strip_usage = strip_usage
+        self.usage: Usage | None = None
+        self.events = 0
+        self.inband_error = False
+        self.problem: str | None = None
+        self._pending = b""
+        self._tail = b""
+
+    # -- whole bodies ----------------------------------------------------------------------
+
+    def read_json(self, body: bytes) -> None:
+        """Usage from a whole JSON body: only its `"usage"` object is parsed (vLLM writes it
+        after the choices), not the whole body."""
+        at = body.rfind(b'"usage"')
+        match = _USAGE.match(body, at) if at >= 0 else None
+        if match is None:
+            if not body.lstrip().startswith(b"{"):
+                self._problem("bad_json")
+            return
+        self._read_usage(match.group(1))
+
+    # -- streamed bodies that are not SSE: only their end is kept ------------------------
+
+    def feed_other(self, chunk: bytes) -> None:
+        self._tail = (self._tail + chunk)[-TAIL_BYTES:]
+
+    def end_other(self) -> None:
+        self.read_json(self._tail)
+
+    def _read_usage(self, text: bytes) -> None:
+        try:
+            self.usage = parse_usage(json.loads(text))
+        except (ValueError, RecursionError):
+            self._problem("bad_json")
+
+    # -- SSE -------------------------------------------------------------------------------
+
+    def feed(self, chunk: bytes) -> bytes:
+        """The complete events of what arrived so far, less a stripped usage event."""
+        if not self._pending and chunk.endswith(b"\n\n") and chunk.startswith(b"data:"):
+            # The common case, one or more whole events (vLLM writes one per chunk).
+            fields = chunk.count(b"data:")
+            self.events += fields
+            if fields < chunk.count(b"\n\n"):
+                self._problem("bad_sse")
+            if b'"usage"' in chunk or b'"error"' in chunk:
+                return self._inspect(chunk)
+            return chunk
+        data = self._pending + chunk if self._pending else chunk
+        if data.endswith(b"\n\n"):
+            end = len(data)
+        else:
+            lf, crlf = data.rfind(b"\n\n"), data.rfind(b"\r\n\r\n")
+            end = max(lf + 2 if lf >= 0 else 0, crlf + 4 if crlf >= 0 else 0)
+            if end == 0:
+                if len(data) > MAX_PENDING:
+                    self._problem("bad_sse")
+                    self._pending = b""
+                    return data
+                self._pending = data
+                return b""
+        if end == len(data):
+            complete, self._pending = data, b""
+        else:
+            complete, self._pending = data[:end], data[end:]
+        fields = complete.count(b"data:")
+        self.events += fields
+        # Every event vLLM sends has a data field: fewer fields than events is not its SSE.
+        if fields < complete.count(b"\n\n") or not complete.startswith(_FIELDS):
+            self._problem("bad_sse")
+        if b'"usage"' in complete or b'"error"' in complete:
+            return self._inspect(complete)
+        return complete
+
+    def end(self) -> bytes:
+        """What is still held back when the stream ends (an event without its blank line)."""
+        rest, self._pending = self._pending, b""
+        if not rest:
+            return b""
+        self.events += rest.count(b"data:")
+        self._problem("bad_sse")
+        if b'"usage"' in rest or b'"error"' in rest:
+            return self._inspect(rest)
+        return rest
+
+    def discard_pending(self) -> None:
+        """Forget a partial event (the stream failed; half an event must not be relayed)."""
+        self._pending = b""
+
+    def _inspect(self, block: bytes) -> bytes:
+        if block.count(b"\n") == 2 and block.endswith(b"\n\n"):  # one event, one line
+            return b"" if self._read_event(block) else block
+        kept: list[bytes] = []
+        dropped = False
+        for event in _SEPARATOR.split(block):
+            if not event:
+                continue
+            if (b'"usage"' in event or b'"error"' in event) and self._read_event(event):
+                dropped = True
+                continue
+            kept.append(event)
+        if not dropped:
+            return block
+        separator = b"\r\n\r\n" if b"\r\n\r\n" in block else b"\n\n"
+        return b"".join(event + separator for event in kept)
+
+    def _read_event(self, event: bytes) -> bool:
+        """Record usage or an error from one event; True if the event is to be dropped."""
+        payload = b"\n".join(
+            line[5:].removeprefix(b" ") for line in event.splitlines() if line.startswith(b"data:")
+        )
+        if not payload or payload == b"[DONE]":
+            return False
+        try:
+            data = json.loads(payload)
+        except (ValueError, RecursionError):
+            self._problem("bad_json")
+            return False
+        if not isinstance(data, dict):
+            return False
+        if "error" in data:
+            self.inband_error = True
+        usage = parse_usage(data.get("usage"))
+        if usage is None:
+            return False
+        self.usage = usage
+        return self.strip_usage and data.get("choices") == []
+
+    def _problem(self, kind: str) -> None:
+        if self.problem is None:
+            self.problem = kind

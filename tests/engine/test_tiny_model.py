@@ -1,0 +1,227 @@
+"""The embedded tiny model: deterministic, cached, atomic, and a Qwen3 transformers can load.
+
+One short build is shared by the module; one full default build (through the CLI) checks that
+training works: the loss falls and greedy output is words of the corpus.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from serving.cli import main
+from serving.engine import tiny_model, tiny_tokenizer
+from serving.engine.tiny_model import Progress, TinyModelParams, ensure_tiny_model
+from serving.errors import ServingError
+
+SHORT = TinyModelParams(steps=3, batch_size=2, seq_len=64)
+FILES = {
+    "build-info.json",
+    "config.json",
+    "generation_config.json",
+    "model.safetensors",
+    "special_tokens_map.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+}
+QUIET = Progress(quiet=True)
+
+
+def _contents(model_dir: Path) -> dict[str, bytes]:
+    return {path.name: path.read_bytes() for path in sorted(model_dir.iterdir())}
+
+
+@pytest.fixture(scope="module")
+def short_build(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return ensure_tiny_model(tmp_path_factory.mktemp("a") / "m", params=SHORT, progress=QUIET)
+
+
+@pytest.fixture(scope="module")
+def default_build(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The full default build, made the way users make it: `serving model tiny --out DIR`."""
+    out = tmp_path_factory.mktemp("default") / "qwen3-tiny"
+    assert main(["model", "tiny", "--out", str(out)]) == 0
+    return out
+
+
+def test_build_writes_exactly_the_checkpoint_files(short_build: Path) -> None:
+    assert {path.name for path in short_build.iterdir()} == FILES
+    assert not list(short_build.parent.glob("*.partial"))
+    info = tiny_model.read_build_info(short_build)
+    assert info is not None
+    assert info["params"]["steps"] == SHORT.steps
+    assert info["fingerprint"] == SHORT.fingerprint(tiny_tokenizer.corpus_files())
+
+
+def test_same_inputs_give_byte_identical_files(short_build: Path, tmp_path: Path) -> None:
+    again = ensure_tiny_model(tmp_path / "m", params=SHORT, progress=QUIET)
+    assert _contents(again) == _contents(short_build)
+
+
+def test_config_is_qwen3_with_the_intended_shapes(short_build: Path) -> None:
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(short_build)
+    assert config.model_type == "qwen3"
+    assert config.architectures == ["Qwen3ForCausalLM"]
+    assert (config.hidden_size, config.num_hidden_layers) == (256, 4)
+    assert (config.num_attention_heads, config.num_key_value_heads, config.head_dim) == (4, 2, 64)
+    assert config.intermediate_size == 768
+    assert config.intermediate_size % 128 == 0
+    assert config.vocab_size % 64 == 0
+    assert config.tie_word_embeddings
+    assert config.max_position_embeddings == 4096
+    assert config.eos_token_id == 2
+    generation = json.loads((short_build / "generation_config.json").read_text())
+    assert generation["eos_token_id"] == [2, 0]
+
+
+def test_weights_are_bf16_safetensors_without_extra_metadata(short_build: Path) -> None:
+    import torch
+    from safetensors import safe_open
+
+    with safe_open(str(short_build / "model.safetensors"), framework="pt") as weights:
+        assert weights.metadata() == {"format": "pt"}
+        names = set(weights.keys())
+        assert "lm_head.weight" not in names  # tied to the embedding
+        assert {weights.get_tensor(name).dtype for name in names} == {torch.bfloat16}
+        assert tuple(weights.get_tensor("model.layers.0.self_attn.k_proj.weight").shape) == (
+            128,
+            256,
+        )
+
+
+def test_transformers_loads_the_model(short_build: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(short_build)
+    assert type(model).__name__ == "Qwen3ForCausalLM"
+    assert model.dtype == torch.bfloat16
+    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+    parameters = sum(p.numel() for p in model.parameters())
+    info = tiny_model.read_build_info(short_build)
+    assert info is not None
+    assert parameters == info["parameters"]
+    assert 3_000_000 < parameters < 5_000_000
+
+
+def test_a_matching_build_is_reused(short_build: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_build(*args: Any) -> dict[str, Any]:
+        raise AssertionError("rebuilt although a matching build exists")
+
+    monkeypatch.setattr(tiny_model, "_build", no_build)
+    stream = io.StringIO()
+    assert ensure_tiny_model(short_build, params=SHORT, progress=Progress(stream)) == short_build
+    assert "cached" in stream.getvalue()
+
+
+def _fake_build(out_dir: Path, *args: Any) -> dict[str, Any]:
+    (out_dir / "config.json").write_text("{}")
+    return {"final_loss": 1.0}
+
+
+def test_force_replaces_the_build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tiny_model, "_build", _fake_build)
+    target = ensure_tiny_model(tmp_path / "m", params=SHORT, progress=QUIET)
+    (target / "stale").write_text("from the old build")
+    assert ensure_tiny_model(target, params=SHORT, progress=QUIET, force=True) == target
+    assert {path.name for path in target.iterdir()} == {"build-info.json", "config.json"}
+    assert not list(tmp_path.glob("*.partial"))
+
+
+def test_changed_parameters_rebuild(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tiny_model, "_build", _fake_build)
+    target = ensure_tiny_model(tmp_path / "m", params=SHORT, progress=QUIET)
+    ensure_tiny_model(target, params=SHORT, steps=SHORT.steps + 1, progress=QUIET)
+    info = tiny_model.read_build_info(target)
+    assert info is not None
+    assert info["params"]["steps"] == SHORT.steps + 1
+
+
+def test_an_interrupted_build_leaves_the_old_one(
+    short_build: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def interrupted(out_dir: Path, *args: Any) -> dict[str, Any]:
+        (out_dir / "model.safetensors").write_bytes(b"half")
+        raise KeyboardInterrupt
+
+    before = _contents(short_build)
+    monkeypatch.setattr(tiny_model, "_build", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        ensure_tiny_model(short_build, params=SHORT, progress=QUIET, force=True)
+    assert _contents(short_build) == before
+    assert not list(short_build.parent.glob("*.partial"))
+
+
+def test_refuses_to_replace_a_directory_it_did_not_build(tmp_path: Path) -> None:
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(ServingError, match=r"holds no build-info\.json"):
+        ensure_tiny_model(tmp_path, params=SHORT, progress=QUIET)
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
+def test_parameters_are_validated() -> None:
+    with pytest.raises(ServingError, match="intermediate_size=700"):
+        TinyModelParams(intermediate_size=700)
+    with pytest.raises(ServingError, match="steps=0"):
+        TinyModelParams(steps=0)
+
+
+def test_progress_rewrites_one_line_on_a_terminal() -> None:
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    screen = Terminal()
+    progress = Progress(screen)
+    progress.status("step 1/2", log=False)
+    progress.status("step 2/2", log=False)
+    progress.line("done")
+    assert screen.getvalue() == "\rstep 1/2\x1b[K\rstep 2/2\x1b[K\r\x1b[Kdone\n"
+    log = io.StringIO()
+    Progress(log).status("step 1/2", log=False)
+    assert log.getvalue() == ""
+
+
+def test_cli_reports_bad_steps_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["model", "tiny", "--steps", "0"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "serving model: error: --steps 0: must be at least 1"
+    ]
+
+
+def test_default_build_prints_its_path_and_learned(
+    default_build: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["model", "tiny", "--out", str(default_build)]) == 0  # cached now
+    assert capsys.readouterr().out.strip() == str(default_build)
+    info = tiny_model.read_build_info(default_build)
+    assert info is not None
+    assert info["params"] == asdict(TinyModelParams())
+    assert info["final_loss"] < info["initial_loss"] - 3.0
+
+
+def test_default_build_answers_a_chat_in_corpus_words(default_build: Path) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer: Any = AutoTokenizer.from_pretrained(default_build)
+    model: Any = AutoModelForCausalLM.from_pretrained(default_build)
+    chat = [{"role": "user", "content": "Tell me about the weather."}]
+    inputs: Any = tokenizer.apply_chat_template(
+        chat, add_generation_prompt=True, return_tensors="pt", return_dict=True
+    )
+    output = model.generate(**inputs, max_new_tokens=40, do_sample=False)
+    answer: str = tokenizer.decode(
+        output[0][inputs["input_ids"].shape[1] :], skip_special_tokens=True
+    )
+    words = re.findall(r"[A-Za-z']+", answer)
+    known = set(re.findall(r"[A-Za-z']+", "\n".join(tiny_tokenizer.read_corpus())))
+    assert len(words) >= 5, answer
+    assert sum(word in known for word in words) >= 0.9 * len(words), answer

@@ -1,0 +1,47 @@
+"""Reading a gateway's /metrics and quota state in tests."""
+
+from __future__ import annotations
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from serving.gateway.quota import Scope
+from tests.gateway.conftest import eventually
+from tests.gateway.servers import GatewayServer, http_client
+
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+def scrape(gateway: GatewayServer) -> Samples:
+    with http_client(gateway.url, key=None) as http:
+        response = http.get("/metrics")
+    assert response.status_code == 200
+    samples: Samples = {}
+    for family in text_string_to_metric_families(response.text):
+        for sample in family.samples:
+            samples[(sample.name, frozenset(sample.labels.items()))] = sample.value
+    return samples
+
+
+def value(samples: Samples, name: str, **labels: str) -> float:
+    return samples.get((name, frozenset(labels.items())), 0.0)
+
+
+def idle(gateway: GatewayServer) -> bool:
+    """No request in flight and no quota lease held (DESIGN.md case 18)."""
+    samples = scrape(gateway)
+    return (
+        value(samples, "gateway_in_flight_requests") == 0
+        and value(samples, "gateway_quota_leases") == 0
+        and gateway.in_loop(gateway.app.quota.store.active_leases) == 0
+    )
+
+
+def settled(gateway: GatewayServer) -> bool:
+    """Wait until the gateway is idle; True once it is."""
+    return eventually(lambda: idle(gateway))
+
+
+def key_usage(gateway: GatewayServer, key_id: str) -> tuple[int, int, int, int]:
+    """(in flight, requests in window, tokens in window, tokens today) of a key."""
+    usage = gateway.in_loop(lambda: gateway.app.quota.store.usage(Scope(key_id)))
+    return usage.in_flight, usage.requests_in_window, usage.tokens_in_window, usage.tokens_today

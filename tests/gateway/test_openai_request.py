@@ -1,0 +1,130 @@
+"""Parsing a metered request body: 400s with `param`, max_tokens rules, prompt estimates."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from serving.gateway.errors import InvalidRequestError
+from serving.gateway.openai_request import (
+    BASE_TOKENS,
+    PER_MESSAGE_TOKENS,
+    TOOLS_TOKENS,
+    parse_completion_request,
+    render_upstream_body,
+)
+
+
+def chat(**fields: Any) -> bytes:
+    body: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    body.update(fields)
+    return json.dumps(body).encode()
+
+
+def param_of(body: bytes, kind: str = "chat") -> str | None:
+    with pytest.raises(InvalidRequestError) as caught:
+        parse_completion_request(kind, body)  # type: ignore[arg-type]
+    assert caught.value.http_status == 400
+    return caught.value.param
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        (b"{not json", None),
+        (b"\xff\xfe", None),
+        (b"[1, 2]", None),
+        (b"[" * 100_000 + b"]" * 100_000, None),
+        (chat(model=None), "model"),
+        (chat(model=""), "model"),
+        (chat(stream="yes"), "stream"),
+        (chat(stream=True, stream_options=[]), "stream_options"),
+        (
+            chat(stream=True, stream_options={"include_usage": "yes"}),
+            "stream_options.include_usage",
+        ),
+        (chat(max_tokens=-1), "max_tokens"),
+        (chat(max_tokens=0), "max_tokens"),
+        (chat(max_tokens=1.5), "max_tokens"),
+        (chat(max_tokens="10"), "max_tokens"),
+        (chat(max_tokens=True), "max_tokens"),
+        (chat(max_completion_tokens=-3), "max_completion_tokens"),
+        (chat(n=0), "n"),
+        (chat(messages=[]), "messages"),
+        (chat(messages="hi"), "messages"),
+        (chat(messages=["hi"]), "messages"),
+    ],
+)
+def test_bad_bodies_are_400_naming_the_field(body: bytes, param: str | None) -> None:
+    assert param_of(body) == param
+
+
+@pytest.mark.parametrize("prompt", [None, 3, [], [1, "a"], [{"x": 1}]])
+def test_bad_prompts(prompt: object) -> None:
+    assert param_of(json.dumps({"model": "m", "prompt": prompt}).encode(), "completion") == "prompt"
+
+
+def test_max_tokens_variants() -> None:
+    assert parse_completion_request("chat", chat()).requested_max_tokens is None
+    assert parse_completion_request("chat", chat(max_tokens=None)).requested_max_tokens is None
+    assert parse_completion_request("chat", chat(max_tokens=7)).requested_max_tokens == 7
+    both = parse_completion_request("chat", chat(max_tokens=7, max_completion_tokens=9))
+    assert both.requested_max_tokens == 9  # vLLM uses max_completion_tokens first
+    huge = parse_completion_request("chat", chat(max_tokens=10**12))
+    assert huge.requested_max_tokens == 10**12  # capping is admission's job
+
+
+def test_chat_estimate_bounds_the_prompt_bytes() -> None:
+    request = parse_completion_request("chat", chat())
+    assert request.prompt_estimate == BASE_TOKENS + PER_MESSAGE_TOKENS + len("user") + len("hi")
+    unicode = parse_completion_request(
+        "chat", chat(messages=[{"role": "user", "content": "héllo"}])
+    )
+    assert unicode.prompt_estimate == request.prompt_estimate - 2 + len("héllo".encode())
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
+    with_tools = parse_completion_request("chat", chat(tools=tools))
+    assert with_tools.prompt_estimate > request.prompt_estimate + TOOLS_TOKENS
+    parts = [{"type": "text", "text": "x" * 50}]
+    with_parts = parse_completion_request(
+        "chat", chat(messages=[{"role": "user", "content": parts}])
+    )
+    assert with_parts.prompt_estimate > BASE_TOKENS + 50
+
+
+def test_completion_prompts_and_choices() -> None:
+    def parse(**fields: Any) -> Any:
+        return parse_completion_request("completion", json.dumps({"model": "m", **fields}).encode())
+
+    single = parse(prompt="abc")
+    assert (single.prompt_estimate, single.choices) == (4, 1)
+    batch = parse(prompt=["ab", "abcd"], n=3)
+    assert (batch.prompt_estimate, batch.longest_prompt_estimate, batch.choices) == (8, 5, 6)
+    ids = parse(prompt=[1, 2, 3], best_of=2)
+    assert (ids.prompt_estimate, ids.choices) == (3, 2)
+    assert parse(prompt=[[1, 2], [3]]).prompt_estimate == 3
+
+
+def test_render_sets_max_tokens_and_forces_usage_in_streams() -> None:
+    request = parse_completion_request("chat", chat(stream=True, max_completion_tokens=50))
+    assert not request.client_wants_usage
+    sent = json.loads(render_upstream_body(request, max_tokens=20))
+    assert sent["max_tokens"] == sent["max_completion_tokens"] == 20
+    assert sent["stream_options"] == {"include_usage": True}
+    assert sent["messages"] == [{"role": "user", "content": "hi"}]
+
+    asked = parse_completion_request(
+        "chat", chat(stream=True, stream_options={"include_usage": True, "x": 1})
+    )
+    assert asked.client_wants_usage
+    kept = json.loads(render_upstream_body(asked, max_tokens=5))
+    assert kept["stream_options"] == {"include_usage": True, "x": 1}
+
+    unchanged = chat(max_tokens=3, stream=True, stream_options={"include_usage": True})
+    request = parse_completion_request("chat", unchanged)
+    assert render_upstream_body(request, max_tokens=3) is unchanged  # nothing to rewrite
+
+    plain = parse_completion_request("chat", chat(extra_field={"kept": True}))
+    rendered = json.loads(render_upstream_body(plain, max_tokens=3))
+    assert "stream_options" not in rendered and rendered["extra_field"] == {"kept": True}

@@ -1,0 +1,124 @@
+"""ResponseMeter: usage read from JSON and SSE, the usage chunk stripped, problems recorded."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from serving.gateway.usage import MAX_PENDING, ResponseMeter, Usage, parse_usage
+from tests.gateway.fake_upstream import chat_chunk, sse, usage_chunk
+
+TOKENS = [sse(chat_chunk(index, word)) for index, word in enumerate(["a", " b", " c"])]
+FINISH = sse(chat_chunk(3, "", "stop"))
+USAGE = sse(usage_chunk(True, completion_tokens=3))
+DONE = b"data: [DONE]\n\n"
+STREAM = b"".join([*TOKENS, FINISH, USAGE, DONE])
+
+
+def relay(meter: ResponseMeter, chunks: list[bytes]) -> bytes:
+    return b"".join(meter.feed(chunk) for chunk in chunks) + meter.end()
+
+
+def test_usage_chunk_is_read_and_stripped() -> None:
+    meter = ResponseMeter(strip_usage=True)
+    out = relay(meter, [*TOKENS, FINISH, USAGE, DONE])
+    assert out == b"".join([*TOKENS, FINISH, DONE])
+    assert meter.usage == Usage(3, 3)
+    assert meter.events == 6
+    assert (meter.problem, meter.inband_error) == (None, False)
+
+
+def test_usage_chunk_kept_when_the_client_asked() -> None:
+    meter = ResponseMeter(strip_usage=False)
+    assert relay(meter, [STREAM]) == STREAM
+    assert meter.usage == Usage(3, 3)
+
+
+@given(st.lists(st.integers(min_value=0, max_value=len(STREAM)), max_size=12))
+def test_any_chunking_gives_the_same_bytes(cuts: list[int]) -> None:
+    points = sorted({0, len(STREAM), *cuts})
+    chunks = [STREAM[start:end] for start, end in itertools.pairwise(points)]
+    meter = ResponseMeter(strip_usage=True)
+    assert relay(meter, chunks) == b"".join([*TOKENS, FINISH, DONE])
+    assert meter.usage == Usage(3, 3)
+    assert meter.problem is None
+
+
+def test_partial_events_are_held_back_until_complete() -> None:
+    meter = ResponseMeter(strip_usage=True)
+    first = TOKENS[0]
+    assert meter.feed(first[:10]) == b""
+    assert meter.feed(first[10:] + TOKENS[1][:5]) == first
+    assert meter.feed(TOKENS[1][5:]) == TOKENS[1]
+
+
+def test_crlf_events() -> None:
+    crlf = STREAM.replace(b"\n\n", b"\r\n\r\n")
+    meter = ResponseMeter(strip_usage=True)
+    out = relay(meter, [crlf[:50], crlf[50:]])
+    assert meter.usage == Usage(3, 3)
+    assert b'"usage"' not in out and out.endswith(b"data: [DONE]\r\n\r\n")
+
+
+def test_generated_text_mentioning_usage_is_untouched() -> None:
+    tricky = sse(chat_chunk(0, 'the "usage" and "error" fields: {"usage": 1}'))
+    meter = ResponseMeter(strip_usage=True)
+    assert relay(meter, [tricky, DONE]) == tricky + DONE
+    assert meter.usage is None and not meter.inband_error and meter.problem is None
+
+
+def test_in_band_error_is_recorded_and_passed_through() -> None:
+    error = sse({"error": {"message": "boom", "type": "InternalServerError", "code": 500}})
+    meter = ResponseMeter(strip_usage=True)
+    assert relay(meter, [TOKENS[0], error, DONE]) == TOKENS[0] + error + DONE
+    assert meter.inband_error and meter.usage is None
+
+
+def test_garbage_is_recorded_not_raised() -> None:
+    meter = ResponseMeter(strip_usage=True)
+    out = relay(meter, [b'data: {"usage": nope\n\n', b"no field here\n\n", DONE])
+    assert out.endswith(DONE)
+    assert meter.problem == "bad_json" and meter.usage is None
+
+    unframed = ResponseMeter(strip_usage=True)
+    assert relay(unframed, [b"x" * (MAX_PENDING + 1)]) == b"x" * (MAX_PENDING + 1)
+    assert unframed.problem == "bad_sse"
+
+    no_blank_line = ResponseMeter(strip_usage=True)
+    assert relay(no_blank_line, [b"data: [DONE]"]) == b"data: [DONE]"
+    assert no_blank_line.problem == "bad_sse"
+
+
+def test_whole_json_bodies() -> None:
+    meter = ResponseMeter(strip_usage=False)
+    meter.read_json(json.dumps({"usage": {"prompt_tokens": 9, "completion_tokens": 4}}).encode())
+    assert meter.usage == Usage(9, 4)
+    bad = ResponseMeter(strip_usage=False)
+    bad.read_json(b"<html>")
+    assert bad.problem == "bad_json" and bad.usage is None
+
+
+def test_streamed_non_sse_bodies_read_usage_from_their_end() -> None:
+    body = json.dumps(
+        {
+            "choices": [{"text": "x" * 20_000}],
+            "usage": {"prompt_tokens": 5, "completion_tokens": 7, "details": {"cached": 1}},
+        }
+    ).encode()
+    meter = ResponseMeter(strip_usage=False)
+    for start in range(0, len(body), 1000):
+        meter.feed_other(body[start : start + 1000])
+    meter.end_other()
+    assert meter.usage == Usage(5, 7)
+
+
+def test_parse_usage_rejects_nonsense() -> None:
+    assert parse_usage({"prompt_tokens": 1, "completion_tokens": 2}) == Usage(1, 2)
+    nonsense: list[object] = [None, [], {"prompt_tokens": 1}]
+    nonsense.append({"prompt_tokens": -1, "completion_tokens": 0})
+    for value in nonsense:
+        assert parse_usage(value) is None
+    assert parse_usage({"prompt_tokens": True, "completion_tokens": 1}) is None

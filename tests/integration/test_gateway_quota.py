@@ -1,0 +1,224 @@
+"""Quotas and keys against real vLLM on the tiny model (DESIGN.md section 7 cases 4, 5, 14,
+15, 17 and 18).
+
+Keys are created the way an operator does, with `serving keys create --store` on the key
+store the stack's gateway reads; charges are read back from the gateway's /metrics
+(`gateway_tokens_total` is what was charged), the engine's state from vLLM's own /metrics.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from openai.types.chat import ChatCompletionMessageParam
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.integration.conftest import MODEL, REPO, Stack, serving_env
+from tests.integration.test_disconnect import running_requests
+
+LONG: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Tell me a long story."}]
+SHORT: list[ChatCompletionMessageParam] = [
+    {"role": "user", "content": "Tell me about the weather."}
+]
+_CREATED = re.compile(r"created (key_[0-9a-f]{8})")
+_SECRET = re.compile(r"secret: (sk-\S+)")
+
+
+def create_key(stack: Stack, name: str, *limits: str) -> tuple[str, str]:
+    """`serving keys create` on the stack's key store; returns (key id, secret)."""
+    out = subprocess.run(
+        [sys.executable, "-m", "serving.cli", "keys", "create", "--store", str(stack.keys_db),
+         "--name", name, *limits],
+        env=serving_env(), cwd=REPO, capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    created, secret = _CREATED.search(out), _SECRET.search(out)
+    assert created and secret, out
+    return created.group(1), secret.group(1)
+
+
+def gateway_metrics(stack: Stack) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    with urllib.request.urlopen(f"{stack.gateway_url}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    return {
+        (sample.name, frozenset(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def charged(stack: Stack, key_id: str, kind: str) -> float:
+    labels = frozenset({"key": key_id, "model": MODEL, "kind": kind}.items())
+    return gateway_metrics(stack).get(("gateway_tokens_total", labels), 0.0)
+
+
+def gauge(stack: Stack, name: str) -> float:
+    return gateway_metrics(stack).get((name, frozenset()), 0.0)
+
+
+def eventually(check: Callable[[], bool], timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.1)
+
+
+def idle(stack: Stack) -> bool:
+    return (
+        running_requests(stack.engine_url) == 0
+        and gauge(stack, "gateway_in_flight_requests") == 0
+        and gauge(stack, "gateway_quota_leases") == 0
+    )
+
+
+def client(stack: Stack, secret: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{stack.gateway_url}/v1", api_key=secret, max_retries=0)
+
+
+# -- case 4: disconnect mid-stream -------------------------------------------------------
+
+
+def test_disconnect_mid_stream_frees_slot_and_engine_and_charges_once(stack: Stack) -> None:
+    key_id, secret = create_key(stack, "case-4", "--max-concurrency", "1")
+    stream = client(stack, secret).chat.completions.create(
+        model=MODEL, messages=LONG, max_tokens=1800, stream=True,
+        extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    received = 0
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            received += 1
+        if received >= 3:
+            break
+    assert running_requests(stack.engine_url) >= 1
+    stream.close()
+    eventually(lambda: idle(stack))
+    completion = charged(stack, key_id, "completion")
+    assert 3 <= completion < 1800  # what was relayed, not the reservation
+    assert charged(stack, key_id, "prompt") > 0
+    time.sleep(1)
+    assert charged(stack, key_id, "completion") == completion  # charged once
+    # The slot is free again (the key allows one request at a time).
+    reply = client(stack, secret).chat.completions.create(model=MODEL, messages=SHORT, max_tokens=4)
+    assert reply.usage is not None and reply.usage.completion_tokens <= 4
+
+
+# -- case 5: disconnect before the first token, or on a non-streaming call ---------------
+
+
+def test_disconnect_on_a_non_streaming_call(stack: Stack) -> None:
+    key_id, secret = create_key(stack, "case-5-json", "--max-concurrency", "1")
+    payload = {"model": MODEL, "messages": LONG, "max_tokens": 1800, "ignore_eos": True}
+    with pytest.raises(httpx.TimeoutException):
+        httpx.post(
+            f"{stack.gateway_url}/v1/chat/completions", json=payload, timeout=0.5,
+            headers={"Authorization": f"Bearer {secret}"},
+        )  # fmt: skip
+    eventually(lambda: idle(stack))
+    # Nothing was seen, so the reservation is charged: never less than vLLM could have made.
+    assert charged(stack, key_id, "completion") == 1800
+    reply = client(stack, secret).chat.completions.create(model=MODEL, messages=SHORT, max_tokens=2)
+    assert reply.choices
+
+
+def test_disconnect_before_the_first_token(stack: Stack) -> None:
+    key_id, secret = create_key(stack, "case-5-stream", "--max-concurrency", "1")
+    payload = {"model": MODEL, "messages": LONG, "max_tokens": 1800, "ignore_eos": True,
+               "stream": True}  # fmt: skip
+    headers = {"Authorization": f"Bearer {secret}"}
+    with (
+        httpx.Client(timeout=30) as http,
+        http.stream("POST", f"{stack.gateway_url}/v1/chat/completions", json=payload,
+                    headers=headers) as response,
+    ):  # fmt: skip
+        assert response.status_code == 200  # headers only; no body read
+    eventually(lambda: idle(stack))
+    assert charged(stack, key_id, "completion") < 1800
+    assert gauge(stack, "gateway_quota_leases") == 0
+
+
+# -- case 14: prompt over the context --------------------------------------------------------
+
+
+def test_prompt_over_the_context_is_vllms_400_and_charges_nothing(stack: Stack) -> None:
+    key_id, secret = create_key(stack, "case-14", "--tpm", "1000000")
+    words = " ".join(["weather"] * 5000)
+    with pytest.raises(openai.BadRequestError) as caught:
+        client(stack, secret).chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": words}], max_tokens=8,
+        )  # fmt: skip
+    assert caught.value.status_code == 400
+    assert "length" in str(caught.value).lower()  # "maximum context/model length"
+    eventually(lambda: idle(stack))
+    assert charged(stack, key_id, "prompt") == charged(stack, key_id, "completion") == 0
+
+
+# -- case 15: max_tokens missing, huge, negative, non-integer ---------------------------------
+
+
+def test_max_tokens_is_capped_to_the_key_or_refused(stack: Stack) -> None:
+    _, secret = create_key(stack, "case-15", "--max-tokens", "8")
+    api = client(stack, secret)
+    for max_tokens in (None, 10**6):
+        extra = {} if max_tokens is None else {"max_tokens": max_tokens}
+        reply = api.chat.completions.create(
+            model=MODEL, messages=SHORT, extra_body={"ignore_eos": True, **extra},
+        )  # fmt: skip
+        assert reply.usage is not None and reply.usage.completion_tokens == 8
+    for bad in (-1, 0, 1.5, "12"):
+        with pytest.raises(openai.BadRequestError) as caught:
+            api.chat.completions.create(
+                model=MODEL, messages=SHORT, extra_body={"max_tokens": bad},
+            )  # fmt: skip
+        assert caught.value.param == "max_tokens"
+    # Without a key cap, more than the model's context can hold is a 400 up front.
+    with pytest.raises(openai.BadRequestError) as caught:
+        stack.client(max_retries=0).chat.completions.create(
+            model=MODEL, messages=SHORT, max_tokens=10**6
+        )
+    assert caught.value.param == "max_tokens"
+
+
+# -- case 17: keys ----------------------------------------------------------------------------
+
+
+def test_bad_and_revoked_keys_get_identical_401s_and_never_show_up(stack: Stack) -> None:
+    key_id, secret = create_key(stack, "case-17")
+    assert client(stack, secret).models.list().data
+    subprocess.run(
+        [sys.executable, "-m", "serving.cli", "keys", "revoke", key_id, "--store",
+         str(stack.keys_db)],
+        env=serving_env(), cwd=REPO, check=True, capture_output=True,
+    )  # fmt: skip
+    answers = set()
+    for headers in ({}, {"Authorization": "Bearer"}, {"Authorization": f"Basic {secret}"},
+                    {"Authorization": "Bearer sk-00000000-" + "a" * 40},
+                    {"Authorization": f"Bearer {secret}"}):  # fmt: skip
+        response = httpx.get(f"{stack.gateway_url}/v1/models", headers=headers, timeout=10)
+        answers.add((response.status_code, response.content))
+    assert len(answers) == 1
+    status, body = answers.pop()
+    assert status == 401 and b"invalid_api_key" in body
+    # The banner in the stack's output shows the development key on purpose; the gateway's
+    # own log and metrics show no key at all.
+    gateway_log = Path(serving_env()["SERVING_HOME"]) / "logs" / "gateway.log"
+    gateway_texts = [repr(gateway_metrics(stack))]
+    if gateway_log.exists():
+        gateway_texts.append(gateway_log.read_text())
+    assert not any(secret in text or stack.api_key in text for text in gateway_texts)
+    assert secret not in stack.output.read_text()
+
+
+# -- case 18: after all of the above --------------------------------------------------------
+
+
+def test_everything_returns_to_zero(stack: Stack) -> None:
+    eventually(lambda: idle(stack))

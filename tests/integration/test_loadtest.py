@@ -1,0 +1,75 @@
+"""A few seconds of real Locust load through the gateway onto the real engine.
+
+The run sends a fixed number of requests that all complete, so the token counts Locust's
+users record from the usage chunks must equal the increase of vLLM's own counters.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+from pathlib import Path
+
+from loadtest.cli import main
+from loadtest.scraper import GENERATION_TOKENS, PROMPT_TOKENS, parse_metrics
+from tests.integration.conftest import Stack, serving_env
+
+REQUESTS = 8
+
+
+def engine_counters(stack: Stack) -> dict[str, float]:
+    with urllib.request.urlopen(f"{stack.engine_url}/metrics", timeout=10) as response:
+        values = parse_metrics(response.read().decode())
+    return {name: values.get(name, 0.0) for name in (PROMPT_TOKENS, GENERATION_TOKENS)}
+
+
+def settled_counters(stack: Stack, before: dict[str, float], want: float) -> dict[str, float]:
+    """vLLM updates its counters as its steps finish: wait until the output count is in."""
+    deadline = time.monotonic() + 15
+    while True:
+        now = engine_counters(stack)
+        if (
+            now[GENERATION_TOKENS] - before[GENERATION_TOKENS] >= want
+            or time.monotonic() > deadline
+        ):
+            return now
+        time.sleep(0.5)
+
+
+def test_locust_run_through_the_gateway_matches_the_engine_counters(
+    stack: Stack, tmp_path: Path
+) -> None:
+    tokenizer = Path(serving_env()["SERVING_HOME"]) / "models" / "qwen3-tiny"
+    targets = tmp_path / "targets.yaml"
+    targets.write_text("max_error_rate: 0\n")
+    before = engine_counters(stack)
+    code = main([
+        "run", "--host", stack.gateway_url, "--api-key", stack.api_key,
+        "--engine-metrics", f"{stack.engine_url}/metrics",
+        "--workload", "short-chat", "--tokenizer", str(tokenizer), "--targets", str(targets),
+        "--users", "2", "--max-requests", str(REQUESTS), "--duration", "300s",
+        "--scrape-interval", "0.5", "--out", str(tmp_path / "run"),
+    ])  # fmt: skip
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    summary = report["summary"]
+    assert code == 0, summary["errors"]
+    assert summary["succeeded"] == REQUESTS and summary["failed"] == 0
+    assert summary["output_tokens"] == REQUESTS * 32  # short-chat: 32 tokens, ignore_eos
+    after = settled_counters(stack, before, summary["output_tokens"])
+    assert summary["output_tokens"] == after[GENERATION_TOKENS] - before[GENERATION_TOKENS]
+    assert summary["prompt_tokens"] == after[PROMPT_TOKENS] - before[PROMPT_TOKENS]
+    # Sized in the model's own tokens (a BPE merge at a window's edge may shift one or two).
+    assert abs(summary["prompt_tokens"] - REQUESTS * 64) <= 2 * REQUESTS
+    # Sane timings: positive, ordered, and the report saw the engine working.
+    ttft, itl, e2e = summary["ttft"], summary["itl"], summary["e2e"]
+    assert 0 < ttft["p50_ms"] <= ttft["p99_ms"] < 120_000
+    assert 0 < itl["p50_ms"] < 10_000 and REQUESTS * 31 <= itl["count"] <= REQUESTS * 33
+    assert e2e["mean_ms"] > ttft["mean_ms"]
+    assert summary["output_tokens_per_s"] > 0
+    assert report["engine"]["scrapes"] >= 2 and report["engine"]["running_max"] >= 1
+    assert report["engine"]["kv_cache_usage_max"] is not None
+    entries = json.loads((tmp_path / "run" / "locust-stats.json").read_text())
+    counts = {(e["method"], e["name"]): e["num_requests"] for e in entries}
+    assert counts[("POST", "chat")] == REQUESTS and counts[("TTFT", "chat")] == REQUESTS
+    assert (tmp_path / "run" / "report.html").stat().st_size > 5_000
