@@ -5,11 +5,12 @@ No machine of this project can download weights, so `ensure_tiny_model()` makes 
 with a ChatML template) from the shipped corpus. It trains briefly so greedy output is
 English words, not noise: the same loading, paging, scheduling and API paths as a 7B model.
 
-Same inputs give byte-identical files on the same machine and torch build: seeded RNGs,
-deterministic kernels, a fixed thread count, sorted JSON keys, no timestamps. The output dir
-holds `build-info.json` with a fingerprint of the corpus, the build parameters and
-BUILDER_VERSION; a dir with a matching fingerprint is reused. Builds go to a temp dir beside
-the target and are renamed into place, so an interrupted build never leaves half a model.
+Same inputs give byte-identical files on the same machine and torch build: training runs in
+a fresh interpreter with a fixed environment, seeded RNGs, deterministic kernels and a fixed
+thread count; JSON keys are sorted; nothing records a time. The output dir holds
+`build-info.json` with a fingerprint of the corpus, the build parameters and BUILDER_VERSION;
+a dir with a matching fingerprint is reused. Builds go to a temp dir beside the target and
+are renamed into place, so an interrupted build never leaves half a model.
 
 Usage: `path = ensure_tiny_model()` or, in tests, `ensure_tiny_model(tmp, steps=10)`.
 """
@@ -22,15 +23,17 @@ import json
 import math
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, TextIO
 
+import serving
 from serving.engine import tiny_tokenizer as tt
 from serving.errors import ServingError
 from serving.paths import models_dir
@@ -161,14 +164,25 @@ def ensure_tiny_model(
         if not force and _is_current(target, fingerprint):
             report.line(f"{MODEL_NAME}: cached in {target}")
             return target
-        _remove_partial_builds(target)
+        for leftover in target.parent.glob(f".{target.name}.*.partial"):
+            shutil.rmtree(leftover, ignore_errors=True)  # of killed builds: we hold the lock
         partial = Path(
             tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".partial", dir=target.parent)
         )
         started = time.monotonic()
         try:
-            record = _build(partial, chosen, tt.read_corpus(corpus), report)
-            _write_build_info(partial, chosen, fingerprint, corpus, record)
+            record = _run_build(partial, chosen, report)
+            info = {
+                "builder_version": BUILDER_VERSION,
+                "corpus_sha256": {
+                    p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in corpus
+                },
+                "fingerprint": fingerprint,
+                "model": MODEL_NAME,
+                "params": asdict(chosen),
+                **record,
+            }
+            tt.write_json(partial / BUILD_INFO, info)  # last: it marks a complete build
             _swap_into_place(partial, target)
         except BaseException:
             shutil.rmtree(partial, ignore_errors=True)
@@ -197,23 +211,13 @@ def _check_replaceable(target: Path) -> None:
 @contextmanager
 def _build_lock(target: Path) -> Iterator[None]:
     """One builder per target across processes (`serving up` twice, tests in parallel)."""
-    lock_path = target.parent / f".{target.name}.lock"
     try:
-        handle = lock_path.open("a")
+        handle = (target.parent / f".{target.name}.lock").open("a")
     except OSError as exc:
         raise ServingError(f"cannot write in {target.parent}: {exc.strerror}") from exc
     with handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-def _remove_partial_builds(target: Path) -> None:
-    # Held the lock, so these are leftovers of killed builds, not builds in progress.
-    for leftover in target.parent.glob(f".{target.name}.*.partial"):
-        shutil.rmtree(leftover, ignore_errors=True)
+        fcntl.flock(handle, fcntl.LOCK_EX)  # released when the handle closes
+        yield
 
 
 def _swap_into_place(partial: Path, target: Path) -> None:
@@ -231,27 +235,53 @@ def _swap_into_place(partial: Path, target: Path) -> None:
     shutil.rmtree(retired, ignore_errors=True)
 
 
-def _write_build_info(
-    model_dir: Path,
-    params: TinyModelParams,
-    fingerprint: str,
-    corpus: list[Path],
-    record: dict[str, Any],
-) -> None:
-    """Written last: its presence marks a complete build."""
-    tt.write_json(
-        model_dir / BUILD_INFO,
-        {
-            "builder_version": BUILDER_VERSION,
-            "corpus_sha256": {
-                path.name: hashlib.sha256(path.read_bytes()).hexdigest() for path in corpus
-            },
-            "fingerprint": fingerprint,
-            "model": MODEL_NAME,
-            "params": asdict(params),
-            **record,
-        },
+def _run_build(out_dir: Path, params: TinyModelParams, report: Progress) -> dict[str, Any]:
+    """Train in a fresh interpreter and relay its progress; return its training record.
+
+    A fresh process sees the same environment on every build (so the same bytes) whatever the
+    caller did to torch, and can set OpenMP to sleep instead of spin while it waits: on a busy
+    2-core machine spinning threads made training ten times slower.
+    """
+    package_root = str(Path(serving.__file__).resolve().parent.parent)
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS=str(params.num_threads),
+        OMP_WAIT_POLICY="PASSIVE",
+        TOKENIZERS_PARALLELISM="false",
+        PYTHONPATH=os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")])),
     )
+    code = "import sys; from serving.engine.tiny_model import build_main; build_main(sys.argv[1:])"
+    command = [sys.executable, "-c", code, str(out_dir), json.dumps(asdict(params))]
+    record: dict[str, Any] | None = None
+    with subprocess.Popen(command, env=env, stdout=subprocess.PIPE, text=True) as child:
+        assert child.stdout is not None
+        try:
+            for message in child.stdout:
+                kind, _, text = message.rstrip("\n").partition(" ")
+                if kind == "result":
+                    record = json.loads(text)
+                else:
+                    report.status(text, log=kind == "log")
+        except BaseException:
+            child.kill()
+            raise
+    if child.returncode != 0 or record is None:
+        raise ServingError(f"building {MODEL_NAME} failed (exit {child.returncode}); see above")
+    return record
+
+
+def build_main(argv: list[str]) -> None:
+    """The child's side of `_run_build`: build into argv[0] with the params JSON in argv[1]."""
+    out_dir, params = Path(argv[0]), TinyModelParams(**json.loads(argv[1]))
+
+    def emit(text: str, log: bool) -> None:
+        print("log" if log else "status", text, flush=True)
+
+    try:
+        record = _build(out_dir, params, tt.read_corpus(), emit)
+    except ServingError as exc:
+        sys.exit(f"{MODEL_NAME}: {exc}")
+    print("result", json.dumps(record), flush=True)
 
 
 def qwen3_config(params: TinyModelParams, vocab_size: int, ids: dict[str, int]) -> dict[str, Any]:
@@ -286,22 +316,6 @@ def qwen3_config(params: TinyModelParams, vocab_size: int, ids: dict[str, int]) 
     }
 
 
-@contextmanager
-def _deterministic_torch(params: TinyModelParams) -> Iterator[None]:
-    """Seeded, deterministic, fixed-thread torch; the caller's settings come back afterwards."""
-    import torch
-
-    threads, strict = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
-    torch.set_num_threads(params.num_threads)
-    torch.use_deterministic_algorithms(True)
-    torch.manual_seed(params.seed)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
-        torch.use_deterministic_algorithms(strict)
-
-
 def _learning_rate(step: int, params: TinyModelParams) -> float:
     """Linear warm-up, then cosine decay to a tenth of the peak."""
     if step < params.warmup_steps:
@@ -311,27 +325,25 @@ def _learning_rate(step: int, params: TinyModelParams) -> float:
 
 
 def _build(
-    out_dir: Path, params: TinyModelParams, texts: list[str], report: Progress
+    out_dir: Path, params: TinyModelParams, texts: list[str], emit: Callable[[str, bool], None]
 ) -> dict[str, Any]:
-    """Write every model file into out_dir; return what build-info records about training."""
+    """Write every model file but build-info into out_dir; return the training record."""
     import torch
     from safetensors.torch import save_file
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    report.status(f"{MODEL_NAME}: training the tokenizer")
+    emit(f"{MODEL_NAME}: training the tokenizer", True)
     tokenizer = tt.train_tokenizer(texts, vocab_size=params.vocab_size)
     tt.save_tokenizer(tokenizer, out_dir, model_max_length=params.max_position_embeddings)
     ids = tt.special_token_ids()
     vocab_size = -(-tokenizer.get_vocab_size() // 64) * 64  # round up: friendlier matmul shapes
     config = qwen3_config(params, vocab_size, ids)
     tt.write_json(out_dir / "config.json", config)
+    eos = [ids[tt.IM_END], ids[tt.ENDOFTEXT]]
+    pad = ids[tt.ENDOFTEXT]
     tt.write_json(
         out_dir / "generation_config.json",
-        {
-            "bos_token_id": ids[tt.ENDOFTEXT],
-            "eos_token_id": [ids[tt.IM_END], ids[tt.ENDOFTEXT]],
-            "pad_token_id": ids[tt.ENDOFTEXT],
-        },
+        {"bos_token_id": pad, "eos_token_id": eos, "pad_token_id": pad},
     )
     stream: list[int] = []
     for document in tt.training_documents(texts, seed=params.seed):
@@ -339,49 +351,54 @@ def _build(
     if len(stream) <= params.seq_len:
         raise ServingError(f"seq_len={params.seq_len}: longer than the corpus ({len(stream)})")
 
-    with _deterministic_torch(params):
-        model = Qwen3ForCausalLM(Qwen3Config(**config)).float()  # type: ignore[no-untyped-call]
-        data = torch.tensor(stream, dtype=torch.long)
-        generator = torch.Generator().manual_seed(params.seed)
-        optimizer = torch.optim.AdamW(
-            model.parameters(), lr=params.learning_rate, betas=(0.9, 0.95), weight_decay=0.01
+    torch.set_num_threads(params.num_threads)
+    torch.use_deterministic_algorithms(True)
+    torch.manual_seed(params.seed)
+    model = Qwen3ForCausalLM(Qwen3Config(**config)).float()  # type: ignore[no-untyped-call]
+    data = torch.tensor(stream, dtype=torch.long)
+    generator = torch.Generator().manual_seed(params.seed)
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=params.learning_rate, betas=(0.9, 0.95), weight_decay=0.01
+    )
+    model.train()
+    losses: list[float] = []
+    for step in range(params.steps):
+        for group in optimizer.param_groups:
+            group["lr"] = _learning_rate(step, params)
+        starts = torch.randint(
+            0, len(stream) - params.seq_len, (params.batch_size,), generator=generator
         )
-        model.train()
-        losses: list[float] = []
-        for step in range(params.steps):
-            for group in optimizer.param_groups:
-                group["lr"] = _learning_rate(step, params)
-            starts = torch.randint(
-                0, len(stream) - params.seq_len, (params.batch_size,), generator=generator
-            )
-            batch = torch.stack([data[start : start + params.seq_len] for start in starts.tolist()])
-            # Never a target: chat turns are opened by the prompt, so the model must not learn
-            # to open one after a newline (it did, before this mask).
-            labels = batch.masked_fill(batch == ids[tt.IM_START], -100)
-            loss = model(input_ids=batch, labels=labels).loss
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
-            losses.append(float(loss.item()))
-            report.status(
-                f"{MODEL_NAME}: training step {step + 1}/{params.steps} loss {losses[-1]:.2f}",
-                log=(step + 1) % max(1, params.steps // 10) == 0,
-            )
-        parameters = sum(p.numel() for p in model.parameters())
-        # Tied: lm_head.weight is embed_tokens.weight; checkpoints store the embedding only.
-        tensors = {
-            name: tensor.detach().to(torch.bfloat16).contiguous()
-            for name, tensor in model.state_dict().items()
-            if name != "lm_head.weight"
-        }
-    report.status(f"{MODEL_NAME}: saving")
+        batch = torch.stack([data[start : start + params.seq_len] for start in starts.tolist()])
+        # No loss on "<|im_start|>role\n": the prompt opens turns. Trained on, the model
+        # learned to open one after any newline instead of answering.
+        opens = batch == ids[tt.IM_START]
+        header = opens.clone()
+        header[:, 1:] |= opens[:, :-1]
+        header[:, 2:] |= opens[:, :-2]
+        loss = model(input_ids=batch, labels=batch.masked_fill(header, -100)).loss
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        losses.append(float(loss.item()))
+        last = step + 1 == params.steps
+        emit(
+            f"{MODEL_NAME}: training step {step + 1}/{params.steps} loss {losses[-1]:.2f}",
+            last or (step + 1) % max(1, params.steps // 10) == 0,
+        )
+    emit(f"{MODEL_NAME}: saving", True)
+    # Tied: lm_head.weight is embed_tokens.weight; checkpoints store the embedding only.
+    tensors = {
+        name: tensor.detach().to(torch.bfloat16).contiguous()
+        for name, tensor in model.state_dict().items()
+        if name != "lm_head.weight"
+    }
     save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
     tail = losses[-10:]
     return {
         "final_loss": round(sum(tail) / len(tail), 4),
         "initial_loss": round(losses[0], 4),
-        "parameters": parameters,
+        "parameters": sum(p.numel() for p in model.parameters()),
         "training_tokens": len(stream),
         "vocab_size": vocab_size,
     }

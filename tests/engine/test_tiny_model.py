@@ -1,7 +1,8 @@
 """The embedded tiny model: deterministic, cached, atomic, and a Qwen3 transformers can load.
 
-One short build is shared by the module; one full default build (through the CLI) checks that
-training works: the loss falls and greedy output is words of the corpus.
+Three real builds: a short one twice (through the API and the CLI: byte-identical) and the
+full default one through the CLI (the loss falls, greedy output is corpus words). They start
+together: each trains in its own process, so their torch imports overlap.
 """
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ from __future__ import annotations
 import io
 import json
 import re
+import sys
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -20,7 +23,7 @@ from serving.engine import tiny_model, tiny_tokenizer
 from serving.engine.tiny_model import Progress, TinyModelParams, ensure_tiny_model
 from serving.errors import ServingError
 
-SHORT = TinyModelParams(steps=3, batch_size=2, seq_len=64)
+SHORT = TinyModelParams(steps=3)
 FILES = {
     "build-info.json",
     "config.json",
@@ -38,16 +41,27 @@ def _contents(model_dir: Path) -> dict[str, bytes]:
 
 
 @pytest.fixture(scope="module")
-def short_build(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return ensure_tiny_model(tmp_path_factory.mktemp("a") / "m", params=SHORT, progress=QUIET)
+def builds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("builds")
+    paths = {name: root / name for name in ("short", "again", "default")}
+    with ThreadPoolExecutor(max_workers=len(paths)) as pool:
+        jobs: list[Future[Any]] = [
+            pool.submit(ensure_tiny_model, paths["short"], params=SHORT, progress=QUIET),
+            pool.submit(main, ["model", "tiny", "--out", str(paths["again"]), "--steps", "3"]),
+            pool.submit(main, ["model", "tiny", "--out", str(paths["default"])]),
+        ]
+        assert [job.result() for job in jobs] == [paths["short"], 0, 0]
+    return paths
 
 
 @pytest.fixture(scope="module")
-def default_build(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The full default build, made the way users make it: `serving model tiny --out DIR`."""
-    out = tmp_path_factory.mktemp("default") / "qwen3-tiny"
-    assert main(["model", "tiny", "--out", str(out)]) == 0
-    return out
+def short_build(builds: dict[str, Path]) -> Path:
+    return builds["short"]
+
+
+@pytest.fixture(scope="module")
+def default_build(builds: dict[str, Path]) -> Path:
+    return builds["default"]
 
 
 def test_build_writes_exactly_the_checkpoint_files(short_build: Path) -> None:
@@ -59,9 +73,8 @@ def test_build_writes_exactly_the_checkpoint_files(short_build: Path) -> None:
     assert info["fingerprint"] == SHORT.fingerprint(tiny_tokenizer.corpus_files())
 
 
-def test_same_inputs_give_byte_identical_files(short_build: Path, tmp_path: Path) -> None:
-    again = ensure_tiny_model(tmp_path / "m", params=SHORT, progress=QUIET)
-    assert _contents(again) == _contents(short_build)
+def test_same_inputs_give_byte_identical_files(builds: dict[str, Path]) -> None:
+    assert _contents(builds["again"]) == _contents(builds["short"])
 
 
 def test_config_is_qwen3_with_the_intended_shapes(short_build: Path) -> None:
@@ -116,7 +129,7 @@ def test_a_matching_build_is_reused(short_build: Path, monkeypatch: pytest.Monke
     def no_build(*args: Any) -> dict[str, Any]:
         raise AssertionError("rebuilt although a matching build exists")
 
-    monkeypatch.setattr(tiny_model, "_build", no_build)
+    monkeypatch.setattr(tiny_model, "_run_build", no_build)
     stream = io.StringIO()
     assert ensure_tiny_model(short_build, params=SHORT, progress=Progress(stream)) == short_build
     assert "cached" in stream.getvalue()
@@ -128,7 +141,7 @@ def _fake_build(out_dir: Path, *args: Any) -> dict[str, Any]:
 
 
 def test_force_replaces_the_build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(tiny_model, "_build", _fake_build)
+    monkeypatch.setattr(tiny_model, "_run_build", _fake_build)
     target = ensure_tiny_model(tmp_path / "m", params=SHORT, progress=QUIET)
     (target / "stale").write_text("from the old build")
     assert ensure_tiny_model(target, params=SHORT, progress=QUIET, force=True) == target
@@ -137,7 +150,7 @@ def test_force_replaces_the_build(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
 
 
 def test_changed_parameters_rebuild(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(tiny_model, "_build", _fake_build)
+    monkeypatch.setattr(tiny_model, "_run_build", _fake_build)
     target = ensure_tiny_model(tmp_path / "m", params=SHORT, progress=QUIET)
     ensure_tiny_model(target, params=SHORT, steps=SHORT.steps + 1, progress=QUIET)
     info = tiny_model.read_build_info(target)
@@ -153,11 +166,28 @@ def test_an_interrupted_build_leaves_the_old_one(
         raise KeyboardInterrupt
 
     before = _contents(short_build)
-    monkeypatch.setattr(tiny_model, "_build", interrupted)
+    monkeypatch.setattr(tiny_model, "_run_build", interrupted)
     with pytest.raises(KeyboardInterrupt):
         ensure_tiny_model(short_build, params=SHORT, progress=QUIET, force=True)
     assert _contents(short_build) == before
     assert not list(short_build.parent.glob("*.partial"))
+
+
+def test_the_child_build_is_relayed_and_its_failure_reported(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    child = tmp_path / "child"
+    child.write_text(
+        "#!/bin/sh\necho status step 1; echo log step 2; echo 'result {\"final_loss\": 1.0}'\n"
+    )
+    child.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(child))
+    log = io.StringIO()
+    assert tiny_model._run_build(tmp_path, SHORT, Progress(log)) == {"final_loss": 1.0}
+    assert log.getvalue() == "step 2\n"
+    monkeypatch.setattr(sys, "executable", "/bin/false")
+    with pytest.raises(ServingError, match="building qwen3-tiny failed"):
+        tiny_model._run_build(tmp_path, SHORT, QUIET)
 
 
 def test_refuses_to_replace_a_directory_it_did_not_build(tmp_path: Path) -> None:
