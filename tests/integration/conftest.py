@@ -70,7 +70,9 @@ def wait_for(url: str, process: subprocess.Popen[str], output: Path, timeout: fl
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(f"stack exited with {process.returncode}:\n{output.read_text()[-3000:]}")
+            raise RuntimeError(
+                f"stack exited with {process.returncode}:\n{output.read_text()[-3000:]}"
+            )
         if http_ok(url):
             return
         time.sleep(0.5)

@@ -49,8 +49,8 @@ def test_engine_is_on_loopback_and_not_the_gateway_port(stack: Stack) -> None:
     engine, gateway = urlparse(stack.engine_url), urlparse(stack.gateway_url)
     assert engine.port != gateway.port
     listening = [
-        conn.laddr.ip
+        str(conn.laddr[0])
         for conn in psutil.net_connections(kind="inet")
-        if conn.status == psutil.CONN_LISTEN and conn.laddr.port == engine.port
+        if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr[1] == engine.port
     ]
     assert listening and set(listening) == {"127.0.0.1"}, listening

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 from tests.integration.conftest import MODEL, Stack
 
-MESSAGES = [{"role": "user", "content": "Tell me about the weather."}]
+MESSAGES: list[ChatCompletionMessageParam] = [
+    {"role": "user", "content": "Tell me about the weather."}
+]
 
 
 def test_models_list_shows_the_served_model(stack: Stack) -> None:
@@ -16,7 +19,10 @@ def test_models_list_shows_the_served_model(stack: Stack) -> None:
 
 def test_chat_completion(stack: Stack) -> None:
     reply = stack.client().chat.completions.create(
-        model=MODEL, messages=MESSAGES, max_tokens=16, temperature=0  # type: ignore[arg-type]
+        model=MODEL,
+        messages=MESSAGES,
+        max_tokens=16,
+        temperature=0,
     )
     choice = reply.choices[0]
     assert choice.message.role == "assistant"
@@ -27,7 +33,7 @@ def test_chat_completion(stack: Stack) -> None:
 
 def test_max_tokens_is_respected(stack: Stack) -> None:
     reply = stack.client().chat.completions.create(
-        model=MODEL, messages=MESSAGES, max_tokens=7, temperature=0,  # type: ignore[arg-type]
+        model=MODEL, messages=MESSAGES, max_tokens=7, temperature=0,
         extra_body={"ignore_eos": True},
     )  # fmt: skip
     assert reply.usage is not None and reply.usage.completion_tokens == 7
@@ -35,10 +41,14 @@ def test_max_tokens_is_respected(stack: Stack) -> None:
 
 
 def test_stream_arrives_in_chunks_and_usage_matches_vllm(stack: Stack) -> None:
-    params = {"model": MODEL, "messages": MESSAGES, "max_tokens": 24, "temperature": 0,
-              "extra_body": {"ignore_eos": True}}  # fmt: skip
     stream = stack.client().chat.completions.create(
-        stream=True, stream_options={"include_usage": True}, **params  # type: ignore[call-overload]
+        model=MODEL,
+        messages=MESSAGES,
+        max_tokens=24,
+        temperature=0,
+        extra_body={"ignore_eos": True},
+        stream=True,
+        stream_options={"include_usage": True},
     )
     pieces: list[str] = []
     usage = None
@@ -49,7 +59,14 @@ def test_stream_arrives_in_chunks_and_usage_matches_vllm(stack: Stack) -> None:
             usage = chunk.usage
     assert len(pieces) >= 5, pieces
     assert usage is not None and usage.completion_tokens == 24
-    direct = stack.direct_client().chat.completions.create(**params)  # type: ignore[call-overload]
+    direct = stack.direct_client().chat.completions.create(
+        model=MODEL,
+        messages=MESSAGES,
+        max_tokens=24,
+        temperature=0,
+        extra_body={"ignore_eos": True},
+    )
+    assert direct.usage is not None
     assert direct.usage.prompt_tokens == usage.prompt_tokens
     assert direct.usage.completion_tokens == usage.completion_tokens
     assert direct.choices[0].message.content == "".join(pieces)
@@ -57,7 +74,10 @@ def test_stream_arrives_in_chunks_and_usage_matches_vllm(stack: Stack) -> None:
 
 def test_stream_without_usage_request_carries_no_usage(stack: Stack) -> None:
     stream = stack.client().chat.completions.create(
-        model=MODEL, messages=MESSAGES, max_tokens=5, stream=True  # type: ignore[arg-type]
+        model=MODEL,
+        messages=MESSAGES,
+        max_tokens=5,
+        stream=True,
     )
     assert all(chunk.usage is None for chunk in stream)
 
@@ -76,6 +96,8 @@ def test_unknown_model_is_an_openai_error(stack: Stack) -> None:
 
     with pytest.raises(openai.NotFoundError) as excinfo:
         stack.client().chat.completions.create(
-            model="no-such-model", messages=MESSAGES, max_tokens=4  # type: ignore[arg-type]
+            model="no-such-model",
+            messages=MESSAGES,
+            max_tokens=4,
         )
     assert excinfo.value.status_code == 404

@@ -6,13 +6,14 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 
 import psutil
 from openai import OpenAI
 
 from serving.engine.process import http_ok
+from serving.engine.tiny_model import ensure_tiny_model
 from tests.integration.conftest import MODEL, REPO, descendants, free_port, serving_env
+from tests.integration.planner_truth import planned_capacity, vllm_cache_info
 
 
 def test_tp2_engine_answers_and_stops_cleanly() -> None:
@@ -41,8 +42,11 @@ def test_tp2_engine_answers_and_stops_cleanly() -> None:
         )  # fmt: skip
         assert reply.usage is not None and reply.usage.completion_tokens == 8
         assert reply.choices[0].message.content
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
-            assert b"vllm:num_requests_running" in response.read()
+        # The planner's KV capacity for TP=2 equals what vLLM reports (per rank: half the heads).
+        info = vllm_cache_info(f"http://127.0.0.1:{port}")
+        planned = planned_capacity("cpu-tiny-tp2", str(ensure_tiny_model()))
+        assert int(info["num_gpu_blocks"]) == planned.num_blocks
+        assert int(info["kv_cache_size_tokens"]) == planned.tokens
     finally:
         children = descendants(process.pid)
         process.send_signal(signal.SIGTERM)
@@ -50,4 +54,3 @@ def test_tp2_engine_answers_and_stops_cleanly() -> None:
         _, alive = psutil.wait_procs(children, timeout=30)
     assert code == 0
     assert not alive, f"workers left behind: {alive}"
-
