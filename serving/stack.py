@@ -133,14 +133,24 @@ def run(args: argparse.Namespace) -> int:
         engine_seconds = supervisor.start()
         upstream = f"http://127.0.0.1:{args.engine_port}"
         gateway = start_gateway(upstream, args.host, args.port, api_key, args.keys_db)
-        print(banner(f"http://{args.host}:{args.port}", profile.served_model_name, api_key,
-                     engine_seconds, profile.name), flush=True)
+        print(
+            banner(
+                f"http://{args.host}:{args.port}",
+                profile.served_model_name,
+                api_key,
+                engine_seconds,
+                profile.name,
+            ),
+            flush=True,
+        )
         watcher = threading.Thread(target=watch, name="engine-supervisor", daemon=True)
         watcher.start()
         while watcher.is_alive():
             if gateway.poll() is not None:
-                raise ServingError(f"gateway exited with code {gateway.returncode}; "
-                                   f"see {logs_dir() / 'gateway.log'}")
+                raise ServingError(
+                    f"gateway exited with code {gateway.returncode}; "
+                    f"see {logs_dir() / 'gateway.log'}"
+                )
             time.sleep(0.5)
         if watch_error:
             raise watch_error[0]

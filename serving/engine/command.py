@@ -45,9 +45,10 @@ def run(args: argparse.Namespace) -> int:
     install_stop_handlers()
     try:
         seconds = supervisor.start()
+        log_path = supervisor.current.log_path if supervisor.current else ""
         print(
             f"\nvLLM ({profile.name}) healthy at http://{args.host}:{args.port} "
-            f"after {seconds:.1f}s; log {supervisor.current.log_path if supervisor.current else ''}",
+            f"after {seconds:.1f}s; log {log_path}",
             file=sys.stderr,
         )
         if args.no_restart:

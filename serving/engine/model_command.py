@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from serving.errors import ServingError
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     kinds = parser.add_subparsers(dest="model_kind", required=True, metavar="KIND")
@@ -25,6 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--out",
         type=Path,
         default=None,
+        metavar="DIR",
         help="directory to build into (default: $SERVING_HOME/models/qwen3-tiny)",
     )
     tiny.add_argument("--force", action="store_true", help="rebuild even if a build is cached")
@@ -32,21 +35,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--steps",
         type=int,
         default=None,
+        metavar="N",
         help="training steps instead of the default (fewer: quicker, worse text; for tests)",
     )
     tiny.set_defaults(_model_run=_run_tiny)
 
 
 def run(args: argparse.Namespace) -> int:
-    handler = args._model_run
-    result: int = handler(args)
+    result: int = args._model_run(args)
     return result
 
 
 def _run_tiny(args: argparse.Namespace) -> int:
-    # Imported here: the builder pulls in tokenizers (and torch when it builds).
+    # Imported here: the builder pulls in `tokenizers` (its child process pulls in torch).
     from serving.engine.tiny_model import ensure_tiny_model
-    from serving.errors import ServingError
 
     if args.steps is not None and args.steps < 1:
         raise ServingError(f"--steps {args.steps}: must be at least 1")

@@ -24,7 +24,9 @@ def plan_profile(profile: Profile, model_path: str) -> Plan | None:
     return plan_for(spec, gpu, profile_settings(profile))
 
 
-def preflight(profile: Profile, model_path: str, warn: Callable[[str], None] = print) -> Plan | None:
+def preflight(
+    profile: Profile, model_path: str, warn: Callable[[str], None] = print
+) -> Plan | None:
     """Raise a one-line ServingError naming why `profile` cannot fit; None if not plannable."""
     plan = plan_profile(profile, model_path)
     if plan is None:

@@ -7,6 +7,7 @@ whatever is left after a grace period.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -133,10 +134,8 @@ class EngineProcess:
 
 
 def _signal_group(pgid: int, signum: signal.Signals) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(pgid, signum)
-    except ProcessLookupError:
-        pass
 
 
 def _group_alive(pgid: int) -> bool:

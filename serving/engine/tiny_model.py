@@ -6,11 +6,11 @@ with a ChatML template) from the shipped corpus. It trains briefly so greedy out
 English words, not noise: the same loading, paging, scheduling and API paths as a 7B model.
 
 Same inputs give byte-identical files on the same machine and torch build: training runs in
-a fresh interpreter with a fixed environment, seeded RNGs, deterministic kernels and a fixed
-thread count; JSON keys are sorted; nothing records a time. The output dir holds
-`build-info.json` with a fingerprint of the corpus, the build parameters and BUILDER_VERSION;
-a dir with a matching fingerprint is reused. Builds go to a temp dir beside the target and
-are renamed into place, so an interrupted build never leaves half a model.
+a fresh interpreter with seeded RNGs, deterministic kernels and a fixed thread count; JSON
+keys are sorted; nothing records a time. The output dir holds `build-info.json` with a
+fingerprint of the corpus, the build parameters and BUILDER_VERSION; a dir with a matching
+fingerprint is reused. Builds go to a temp dir beside the target and are renamed into place,
+so an interrupted build never leaves half a model.
 
 Usage: `path = ensure_tiny_model()` or, in tests, `ensure_tiny_model(tmp, steps=10)`.
 """
@@ -23,6 +23,7 @@ import json
 import math
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -39,7 +40,7 @@ from serving.errors import ServingError
 from serving.paths import models_dir
 
 # Bump when the builder's code changes what it writes; it is part of the fingerprint.
-BUILDER_VERSION = "1"
+BUILDER_VERSION = "2"
 MODEL_NAME = "qwen3-tiny"
 BUILD_INFO = "build-info.json"
 
@@ -238,22 +239,28 @@ def _swap_into_place(partial: Path, target: Path) -> None:
 def _run_build(out_dir: Path, params: TinyModelParams, report: Progress) -> dict[str, Any]:
     """Train in a fresh interpreter and relay its progress; return its training record.
 
-    A fresh process sees the same environment on every build (so the same bytes) whatever the
-    caller did to torch, and can set OpenMP to sleep instead of spin while it waits: on a busy
-    2-core machine spinning threads made training ten times slower.
+    A fresh process starts from the same torch state on every build (so the same bytes),
+    whatever the caller did to torch, and can set OpenMP to sleep instead of spin while it
+    waits: on a busy 2-core machine spinning threads made training ten times slower.
     """
-    package_root = str(Path(serving.__file__).resolve().parent.parent)
     env = dict(
         os.environ,
         OMP_NUM_THREADS=str(params.num_threads),
         OMP_WAIT_POLICY="PASSIVE",
+        PYTHONIOENCODING="utf-8",
         TOKENIZERS_PARALLELISM="false",
-        PYTHONPATH=os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")])),
     )
-    code = "import sys; from serving.engine.tiny_model import build_main; build_main(sys.argv[1:])"
-    command = [sys.executable, "-c", code, str(out_dir), json.dumps(asdict(params))]
+    # Appended, not prepended: finds this checkout when it is not installed, shadows nothing.
+    code = (
+        "import sys; sys.path.append(sys.argv[1]); "
+        "from serving.engine.tiny_model import build_main; build_main(sys.argv[2:])"
+    )
+    package_root = str(Path(serving.__file__).resolve().parent.parent)
+    command = [sys.executable, "-c", code, package_root, str(out_dir), json.dumps(asdict(params))]
     record: dict[str, Any] | None = None
-    with subprocess.Popen(command, env=env, stdout=subprocess.PIPE, text=True) as child:
+    with subprocess.Popen(
+        command, env=env, stdout=subprocess.PIPE, text=True, encoding="utf-8"
+    ) as child:
         assert child.stdout is not None
         try:
             for message in child.stdout:
@@ -272,6 +279,7 @@ def _run_build(out_dir: Path, params: TinyModelParams, report: Progress) -> dict
 
 def build_main(argv: list[str]) -> None:
     """The child's side of `_run_build`: build into argv[0] with the params JSON in argv[1]."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches both; the parent kills us
     out_dir, params = Path(argv[0]), TinyModelParams(**json.loads(argv[1]))
 
     def emit(text: str, log: bool) -> None:

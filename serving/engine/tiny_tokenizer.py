@@ -31,11 +31,12 @@ PRETOKENIZE_REGEX = (
     r"""|\s*[\r\n]+|\s+(?!\S)|\s+"""
 )
 
-# ChatML as Qwen2.5/Qwen3 render it, without tools or thinking. `render_chat` below is the
-# same format in Python; the training data uses it and a test keeps the two equal.
+# ChatML as Qwen2.5/Qwen3 render it, without tools or thinking (a turn without content, such
+# as a tool call, renders empty). `render_chat` below is the same format in Python; the
+# training data uses it and a test keeps the two equal.
 CHAT_TEMPLATE = (
     "{%- for message in messages %}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + (message['content'] or '') + '<|im_end|>\\n' }}"
     "{%- endfor %}"
     "{%- if add_generation_prompt %}"
     "{{- '<|im_start|>assistant\\n' }}"

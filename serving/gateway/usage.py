@@ -7,10 +7,11 @@
 For SSE the per-chunk work is a few C-level byte scans: where the last complete event ends,
 how many `data:` fields and events went by (the tokens relayed so far, for a stream cut
 short; an event without data is not vLLM's SSE) and whether `"usage"` or `"error"` occurs.
-Only events holding one of those are split and parsed: vLLM's usage chunk (`"choices":[]`
-plus `"usage"`, right before `[DONE]`), which is dropped when the client did not ask for
-usage, and an in-band error event. A partial event is held back until its end arrives, so a
-dropped event never leaves half an event behind.
+Only events holding one of those are looked at closer: vLLM's usage chunk (`"choices":[]`
+plus `"usage"`, right before `[DONE]`), read with a few regular expressions (no JSON objects
+are built) and dropped when the client did not ask for usage, and an in-band error event.
+A partial event is held back until its end arrives, so a dropped event never leaves half an
+event behind.
 
 JSON escapes every quote inside a string, so `"usage"` and `"error"` with their quotes can
 only be keys or whole string values, never a piece of generated text.
@@ -31,8 +32,13 @@ MAX_PENDING = 256 * 1024
 TAIL_BYTES = 8 * 1024
 _SEPARATOR = re.compile(rb"\r?\n\r?\n")
 _FIELDS = (b"data:", b":", b"event:", b"id:", b"retry:")
-# `"usage": {...}` with at most one level of nested objects (prompt_tokens_details).
+# `"usage": {...}` with at most one level of nested objects (prompt_tokens_details). Usage is
+# read with these instead of parsing JSON: a few regex steps per response, no objects built.
 _USAGE = re.compile(rb'"usage"\s*:\s*(\{[^{}]*(?:\{[^{}]*\}[^{}]*)*\})')
+_NO_USAGE = re.compile(rb'"usage"\s*:\s*null')
+_PROMPT_TOKENS = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
+_COMPLETION_TOKENS = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
+_NO_CHOICES = re.compile(rb'"choices"\s*:\s*\[\s*\]')
 
 
 class Usage(NamedTuple):
@@ -40,20 +46,12 @@ class Usage(NamedTuple):
     completion_tokens: int
 
 
-def parse_usage(value: object) -> Usage | None:
-    if not isinstance(value, dict):
+def usage_in(text: bytes) -> Usage | None:
+    """The counts of a JSON usage object's text, e.g. `{"prompt_tokens":9,...}`."""
+    prompt, completion = _PROMPT_TOKENS.search(text), _COMPLETION_TOKENS.search(text)
+    if prompt is None or completion is None:
         return None
-    prompt, completion = value.get("prompt_tokens"), value.get("completion_tokens")
-    if (
-        isinstance(prompt, int)
-        and isinstance(completion, int)
-        and not isinstance(prompt, bool)
-        and not isinstance(completion, bool)
-        and prompt >= 0
-        and completion >= 0
-    ):
-        return Usage(prompt, completion)
-    return None
+    return Usage(int(prompt.group(1)), int(completion.group(1)))
 
 
 class ResponseMeter:
@@ -79,7 +77,7 @@ class ResponseMeter:
             if not body.lstrip().startswith(b"{"):
                 self._problem("bad_json")
             return
-        self._read_usage(match.group(1))
+        self.usage = usage_in(match.group(1))
 
     # -- streamed bodies that are not SSE: only their end is kept ------------------------
 
@@ -88,12 +86,6 @@ class ResponseMeter:
 
     def end_other(self) -> None:
         self.read_json(self._tail)
-
-    def _read_usage(self, text: bytes) -> None:
-        try:
-            self.usage = parse_usage(json.loads(text))
-        except (ValueError, RecursionError):
-            self._problem("bad_json")
 
     # -- SSE -------------------------------------------------------------------------------
 
@@ -154,7 +146,8 @@ class ResponseMeter:
             return b"" if self._read_event(block) else block
         kept: list[bytes] = []
         dropped = False
-        for event in _SEPARATOR.split(block):
+        events = _SEPARATOR.split(block) if b"\r" in block else block.split(b"\n\n")
+        for event in events:
             if not event:
                 continue
             if (b'"usage"' in event or b'"error"' in event) and self._read_event(event):
@@ -168,25 +161,40 @@ class ResponseMeter:
 
     def _read_event(self, event: bytes) -> bool:
         """Record usage or an error from one event; True if the event is to be dropped."""
-        payload = b"\n".join(
-            line[5:].removeprefix(b" ") for line in event.splitlines() if line.startswith(b"data:")
-        )
+        if b"\n" in event.rstrip():
+            payload = b"\n".join(
+                line[5:] for line in event.splitlines() if line.startswith(b"data:")
+            ).strip()
+        else:
+            payload = event[5:].strip() if event.startswith(b"data:") else b""
         if not payload or payload == b"[DONE]":
             return False
+        if b'"error"' in payload:
+            self._read_error(payload)
+        if b'"usage"' not in payload:
+            return False
+        match = _USAGE.search(payload)
+        if match is None:
+            if _NO_USAGE.search(payload) is None:
+                self._problem("bad_json")
+            return False
+        usage = usage_in(match.group(1))
+        if usage is None:
+            self._problem("bad_json")
+            return False
+        self.usage = usage
+        return self.strip_usage and _NO_CHOICES.search(payload) is not None
+
+    def _read_error(self, payload: bytes) -> None:
+        """An in-band error is an event whose JSON object has a top-level `error` (rare:
+        parsed in full)."""
         try:
             data = json.loads(payload)
         except (ValueError, RecursionError):
             self._problem("bad_json")
-            return False
-        if not isinstance(data, dict):
-            return False
-        if "error" in data:
+            return
+        if isinstance(data, dict) and "error" in data:
             self.inband_error = True
-        usage = parse_usage(data.get("usage"))
-        if usage is None:
-            return False
-        self.usage = usage
-        return self.strip_usage and data.get("choices") == []
 
     def _problem(self, kind: str) -> None:
         if self.problem is None:

@@ -42,7 +42,9 @@ def _first_error(exc: ValidationError) -> str:
 
 def parse_profile(data: Any, *, source: str, default_name: str) -> Profile:
     if not isinstance(data, dict):
-        raise ServingError(f"profile {source}: expected a mapping of fields, got {type(data).__name__}")
+        raise ServingError(
+            f"profile {source}: expected a mapping of fields, got {type(data).__name__}"
+        )
     data = {"name": default_name, **data}
     try:
         return Profile.model_validate(data)
@@ -56,7 +58,9 @@ def load_profile(name_or_path: str) -> Profile:
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
-        raise ServingError(f"profile {path.name}: not valid YAML ({exc})".replace("\n", " ")) from None
+        raise ServingError(
+            f"profile {path.name}: not valid YAML ({exc})".replace("\n", " ")
+        ) from None
     return parse_profile(data, source=path.name, default_name=path.stem)
 
 

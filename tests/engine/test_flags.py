@@ -12,12 +12,11 @@ from serving.engine.flags import VLLM_SERVER_MODULE, engine_args, render
 from serving.profiles import Profile, load_all_profiles, load_profile
 
 
-
 def parse_with_vllm(args: list[str]) -> argparse.Namespace:
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    parser = vllm_cli.make_arg_parser(FlexibleArgumentParser())
-    namespace = parser.parse_args(args)
+    parser = vllm_cli.make_arg_parser(FlexibleArgumentParser())  # type: ignore[no-untyped-call]
+    namespace: argparse.Namespace = parser.parse_args(args)
     vllm_cli.validate_parsed_serve_args(namespace)
     return namespace
 

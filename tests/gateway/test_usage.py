@@ -8,7 +8,7 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from serving.gateway.usage import MAX_PENDING, ResponseMeter, Usage, parse_usage
+from serving.gateway.usage import MAX_PENDING, ResponseMeter, Usage, usage_in
 from tests.gateway.fake_upstream import chat_chunk, sse, usage_chunk
 
 TOKENS = [sse(chat_chunk(index, word)) for index, word in enumerate(["a", " b", " c"])]
@@ -115,10 +115,16 @@ def test_streamed_non_sse_bodies_read_usage_from_their_end() -> None:
     assert meter.usage == Usage(5, 7)
 
 
-def test_parse_usage_rejects_nonsense() -> None:
-    assert parse_usage({"prompt_tokens": 1, "completion_tokens": 2}) == Usage(1, 2)
-    nonsense: list[object] = [None, [], {"prompt_tokens": 1}]
-    nonsense.append({"prompt_tokens": -1, "completion_tokens": 0})
-    for value in nonsense:
-        assert parse_usage(value) is None
-    assert parse_usage({"prompt_tokens": True, "completion_tokens": 1}) is None
+def test_usage_in_reads_counts_and_rejects_nonsense() -> None:
+    details = b'{"prompt_tokens": 9, "prompt_tokens_details": {"cached_tokens": 4},'
+    assert usage_in(details + b' "completion_tokens":2}') == Usage(9, 2)
+    for text in (b"{}", b'{"prompt_tokens": 1}', b'{"prompt_tokens": -1, "completion_tokens": 0}',
+                 b'{"prompt_tokens": true, "completion_tokens": 1}'):  # fmt: skip
+        assert usage_in(text) is None
+
+
+def test_usage_of_null_is_not_a_problem() -> None:
+    meter = ResponseMeter(strip_usage=True)
+    chunk = sse({**chat_chunk(0, "a"), "usage": None})
+    assert meter.feed(chunk) == chunk
+    assert meter.usage is None and meter.problem is None

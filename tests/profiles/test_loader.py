@@ -7,7 +7,12 @@ from serving.profiles import builtin_profile_names, load_all_profiles, load_prof
 from serving.profiles.loader import parse_profile
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
-BASE = {"device": "cpu", "model": "builtin:qwen3-tiny", "served_model_name": "m", "max_model_len": 64}
+BASE = {
+    "device": "cpu",
+    "model": "builtin:qwen3-tiny",
+    "served_model_name": "m",
+    "max_model_len": 64,
+}
 
 
 def test_shipped_profiles_cover_the_deployments_users_ask_for() -> None:
