@@ -72,6 +72,21 @@ def _connection_tokens(headers: Iterable[tuple[bytes, bytes]]) -> frozenset[byte
 
 def upstream_request_headers(headers: RawHeaders, request_id: bytes) -> list[tuple[str, str]]:
     """The client's request headers as the hop client sends them to the upstream."""
+    forwarded: list[tuple[str, str]] = []
+    for name, value in headers:
+        lower = name.lower()
+        if lower in _NOT_FORWARDED:
+            if lower == b"connection":  # it names more headers to drop (rare): start over
+                return _upstream_request_headers_listed(headers, request_id)
+            continue
+        forwarded.append((name.decode("latin-1"), value.decode("latin-1")))
+    forwarded.append(("x-request-id", request_id.decode("latin-1")))
+    return forwarded
+
+
+def _upstream_request_headers_listed(
+    headers: RawHeaders, request_id: bytes
+) -> list[tuple[str, str]]:
     drop = _NOT_FORWARDED | _connection_tokens(headers)
     forwarded = [
         (name.decode("latin-1"), value.decode("latin-1"))
@@ -86,8 +101,16 @@ def client_response_headers(
     raw_headers: Iterable[tuple[bytes, bytes]], request_id: bytes
 ) -> RawHeaders:
     """The upstream's response headers (raw, any case) as the gateway returns them."""
-    pairs = [(name.lower(), value) for name, value in raw_headers]
-    drop = _NOT_RETURNED | _connection_tokens(pairs)
-    returned = [(name, value) for name, value in pairs if name not in drop]
+    returned: RawHeaders = []
+    tokens: list[bytes] = []
+    for name, value in raw_headers:
+        lower = name.lower()
+        if lower in _NOT_RETURNED:
+            if lower == b"connection":  # it names more headers to drop (rare)
+                tokens.extend(token.strip().lower() for token in value.split(b","))
+            continue
+        returned.append((lower, value))
+    if tokens:
+        returned = [pair for pair in returned if pair[0] not in tokens]
     returned.append((REQUEST_ID, request_id))
     return returned

@@ -4,9 +4,12 @@
 
 The exchange with the upstream runs in the request's task while a watcher waits for the
 client's `http.disconnect`: a client that goes away cancels the exchange, which closes the
-upstream connection so vLLM aborts the request and frees its KV cache. Bodies are relayed
-chunk by chunk with one `await send` per chunk, so a slow client slows the upstream read
-(backpressure).
+upstream connection so vLLM aborts the request and frees its KV cache. The watcher (a task)
+is only started once a request has run for `WATCH_AFTER_S` (a timer until then): most short
+requests finish first and never pay for one, and a disconnect is still acted on within
+`WATCH_AFTER_S` of it (the server remembers it, so a late watcher sees it at once).
+Bodies are relayed chunk by chunk with one `await send` per chunk, so a slow client slows
+the upstream read (backpressure).
 
 How the response is relayed:
 - upstream 2xx/3xx with a small known length: read whole, sent with its length;
@@ -51,6 +54,8 @@ logger = logging.getLogger(__name__)
 WHOLE_BODY_LIMIT = 1024 * 1024
 # Upstream error bodies are read up to this size to see whether they are OpenAI-shaped.
 ERROR_BODY_LIMIT = 64 * 1024
+# A request still running after this long gets a task watching for its client's disconnect.
+WATCH_AFTER_S = 0.1
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,9 +102,8 @@ class Proxy:
         outcome = ProxyOutcome()
         task = asyncio.current_task()
         assert task is not None
-        watcher = asyncio.get_running_loop().create_task(
-            _cancel_on_disconnect(receive, task, outcome)
-        )
+        watch = _DisconnectWatch(receive, task, outcome)
+        timer = asyncio.get_running_loop().call_later(WATCH_AFTER_S, watch.start)
         try:
             await self._exchange(request, send, outcome)
         except asyncio.CancelledError:
@@ -108,7 +112,9 @@ class Proxy:
                 raise
             logger.info("request %s: client disconnected", request.request_id.decode())
         finally:
-            watcher.cancel()
+            timer.cancel()
+            if watch.watcher is not None:
+                watch.watcher.cancel()
         return outcome
 
     async def _exchange(self, request: ProxyRequest, send: Send, outcome: ProxyOutcome) -> None:
@@ -172,21 +178,23 @@ class Proxy:
         headers = client_response_headers(response.raw_headers, request.request_id)
         headers.extend(request.response_headers)
         outcome.status = response.status
-        outcome.sse = response.content_type == "text/event-stream"
+        sse = outcome.sse = response.content_type == "text/event-stream"
         meter = request.meter
         await send({"type": "http.response.start", "status": response.status, "headers": headers})
         last = b"\n\n"
+        first = True
         try:
             async for chunk in response.content.iter_any():
                 if meter is not None:
-                    if outcome.sse:
+                    if sse:
                         chunk = meter.feed(chunk)
                         if not chunk:
                             continue
                     else:
                         meter.feed_other(chunk)
                 last = chunk
-                if not outcome.first_byte_at:
+                if first:
+                    first = False
                     outcome.first_byte_at = time.perf_counter()
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
         except UPSTREAM_FAILURES as exc:
@@ -275,12 +283,24 @@ class Proxy:
         )
 
 
-async def _cancel_on_disconnect(
-    receive: Receive, task: asyncio.Task[object], outcome: ProxyOutcome
-) -> None:
-    """Cancel `task` when the ASGI server reports that the client went away (one watcher
-    task per request; the exchange itself runs in the request's own task)."""
-    while (await receive())["type"] != "http.disconnect":
-        pass
-    outcome.client_disconnected = True
-    task.cancel()
+class _DisconnectWatch:
+    """Started by a timer once the request has run for `WATCH_AFTER_S`: a task that cancels
+    the request's task when the ASGI server reports that the client went away (the exchange
+    itself runs in the request's own task)."""
+
+    __slots__ = ("_outcome", "_receive", "_task", "watcher")
+
+    def __init__(self, receive: Receive, task: asyncio.Task[object], outcome: ProxyOutcome) -> None:
+        self._receive = receive
+        self._task = task
+        self._outcome = outcome
+        self.watcher: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self.watcher = self._task.get_loop().create_task(self._watch())
+
+    async def _watch(self) -> None:
+        while (await self._receive())["type"] != "http.disconnect":
+            pass
+        self._outcome.client_disconnected = True
+        self._task.cancel()

@@ -8,6 +8,7 @@ or a metric.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -18,6 +19,7 @@ import pytest
 from serving.cli import main as serving_main
 from serving.gateway.keys import KeyRecord, SqliteKeyStore, render_keys_yaml
 from serving.gateway.keys.credentials import hash_secret, new_secret
+from serving.gateway.keys.sqlite_store import DATA_VERSION_INTERVAL_S
 from serving.gateway.quota import Limits
 from tests.gateway.conftest import GatewayFactory
 from tests.gateway.fake_upstream import FakeUpstream
@@ -92,6 +94,7 @@ def test_bad_keys_get_identical_401s_and_revocation_is_immediate(
 
     # Revoked through the command, as an operator would, while the gateway runs.
     assert serving_main(["keys", "revoke", record.key_id, "--store", str(keys.path)]) == 0
+    time.sleep(DATA_VERSION_INTERVAL_S + 0.01)  # the store checks for changes every 50 ms
     assert status_and_error(gateway, {"Authorization": f"Bearer {secret}"}) == (status, body)
     # The development key still works, with its public id `dev`.
     assert status_and_error(gateway, {"Authorization": f"Bearer {TEST_KEY}"})[0] == 200

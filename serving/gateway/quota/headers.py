@@ -47,6 +47,23 @@ def format_reset(seconds: float) -> str:
     return f"{secs}s"
 
 
+# `format_reset` as header bytes, by whole milliseconds: a minute window's resets are at most
+# 61,000 distinct values, and formatting one costs more than the rest of the headers.
+_RESET_CACHE_SIZE = 65_536
+_reset_values: dict[int, bytes] = {}
+
+
+def _reset_value(seconds: float) -> bytes:
+    millis = math.ceil(seconds * 1000 - 1e-6) if seconds > 0 else 0
+    value = _reset_values.get(millis)
+    if value is None:
+        value = format_reset(millis / 1000).encode() if millis else b"0s"
+        if len(_reset_values) >= _RESET_CACHE_SIZE:
+            _reset_values.clear()
+        _reset_values[millis] = value
+    return value
+
+
 def rate_limit_headers(status: RateLimitStatus) -> dict[str, str]:
     headers: dict[str, str] = {}
     for name, window in (("requests", status.requests), ("tokens", status.tokens)):
@@ -72,5 +89,5 @@ def rate_limit_raw_headers(status: RateLimitStatus) -> list[tuple[bytes, bytes]]
             limit, remaining, reset = _RAW_NAMES[kind]
             headers.append((limit, b"%d" % window.limit))
             headers.append((remaining, b"%d" % window.remaining))
-            headers.append((reset, format_reset(window.reset_after).encode()))
+            headers.append((reset, _reset_value(window.reset_after)))
     return headers

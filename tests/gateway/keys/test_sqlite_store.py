@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import multiprocessing
 import sqlite3
+import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import pytest
 from serving.errors import ServingError
 from serving.gateway.keys import SqliteKeyStore
 from serving.gateway.keys.credentials import hash_secret, secret_matches
+from serving.gateway.keys.sqlite_store import DATA_VERSION_INTERVAL_S
 from serving.gateway.quota import Limits
 
 
@@ -77,6 +79,11 @@ def test_only_the_hash_is_at_rest(tmp_path: Path) -> None:
     assert path.stat().st_mode & 0o077 == 0  # owner-only file
 
 
+def _settle_data_version() -> None:
+    """Another connection's commits are seen within `DATA_VERSION_INTERVAL_S` (50 ms)."""
+    time.sleep(DATA_VERSION_INTERVAL_S + 0.01)
+
+
 def test_revoke_is_visible_to_another_store_on_the_same_file_at_once(tmp_path: Path) -> None:
     path = tmp_path / "keys.db"
     gateway = SqliteKeyStore(path)
@@ -85,6 +92,7 @@ def test_revoke_is_visible_to_another_store_on_the_same_file_at_once(tmp_path: P
     assert gateway.authenticate(secret) == record  # now cached in the gateway's store
     assert gateway.authenticate(secret) == record
     cli.revoke(record.key_id)
+    _settle_data_version()
     assert gateway.authenticate(secret) is None
     assert gateway.get(record.key_id) is not None
     assert gateway.get(record.key_id).revoked  # type: ignore[union-attr]
@@ -105,6 +113,7 @@ def test_revoke_from_another_process_is_seen_at_once(tmp_path: Path) -> None:
     process.start()
     process.join(60)
     assert process.exitcode == 0
+    _settle_data_version()
     assert gateway.authenticate(secret) is None
 
 
