@@ -90,6 +90,7 @@ class EngineProcess:
     def wait_healthy(self, timeout: float, progress: ProgressFn | None = None) -> float:
         """Block until `/health` answers 200; returns seconds since start."""
         deadline = time.monotonic() + timeout
+        next_report = 0.0
         while time.monotonic() < deadline:
             code = self.exit_code()
             if code is not None:
@@ -100,11 +101,13 @@ class EngineProcess:
                 )
             if self.healthy():
                 return time.monotonic() - self.started_at
-            if progress is not None:
-                waited = time.monotonic() - self.started_at
+            waited = time.monotonic() - self.started_at
+            if progress is not None and waited >= next_report:
                 last_lines = tail_lines(self.log_path, 1)
                 hint = last_lines[0][-90:] if last_lines else ""
                 progress(f"starting vLLM: {waited:5.1f}s  {hint}")
+                # A terminal line is rewritten in place; a log file gets a line per 10 s.
+                next_report = waited + (0.5 if sys.stderr.isatty() else 10.0)
             time.sleep(0.5)
         self.stop()
         raise ServingError(
