@@ -23,24 +23,15 @@ from typing import Protocol
 from serving.gateway.errors import AuthenticationError
 from serving.gateway.keys.credentials import key_id_of
 from serving.gateway.keys.store import KeyStore
-from serving.gateway.quota.limits import Limits
+from serving.gateway.quota.limits import Limits, QuotaSubject
 
 _SCHEME = b"bearer"
 NO_LIMITS = Limits()
 DEV_KEY_ID = "dev"
 
 
-class Caller(Protocol):
+class Caller(QuotaSubject, Protocol):
     """An authenticated caller. `key_id` is public: safe for logs and metric labels."""
-
-    @property
-    def key_id(self) -> str: ...
-
-    @property
-    def limits(self) -> Limits: ...
-
-    @property
-    def model_limits(self) -> Mapping[str, Limits]: ...
 
     @property
     def models(self) -> tuple[str, ...]: ...

@@ -13,9 +13,10 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -77,6 +78,17 @@ def wait_for(url: str, process: subprocess.Popen[str], output: Path, timeout: fl
             return
         time.sleep(0.5)
     raise RuntimeError(f"{url} not healthy after {timeout}s:\n{output.read_text()[-3000:]}")
+
+
+def read_tokens(stream: Iterable[Any], count: int = 3) -> int:
+    """Consume a chat stream until `count` content chunks arrived (then stop reading)."""
+    received = 0
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            received += 1
+        if received >= count:
+            break
+    return received
 
 
 def descendants(pid: int) -> list[psutil.Process]:

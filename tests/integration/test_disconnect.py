@@ -6,7 +6,7 @@ import re
 import time
 import urllib.request
 
-from tests.integration.conftest import MODEL, Stack
+from tests.integration.conftest import MODEL, Stack, read_tokens
 
 RUNNING = re.compile(r"^vllm:num_requests_running\{[^}]*\} ([0-9.]+)$", re.MULTILINE)
 
@@ -25,12 +25,7 @@ def test_closing_a_stream_early_frees_the_engine(stack: Stack) -> None:
         model=MODEL, messages=[{"role": "user", "content": "Tell me a long story."}],
         max_tokens=1800, stream=True, extra_body={"ignore_eos": True},
     )  # fmt: skip
-    received = 0
-    for chunk in stream:
-        if chunk.choices and chunk.choices[0].delta.content:
-            received += 1
-        if received >= 3:
-            break
+    assert read_tokens(stream) == 3
     # The request is really running in the engine while we hold the stream open.
     assert running_requests(stack.engine_url) >= 1
     stream.close()
