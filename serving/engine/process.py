@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -25,6 +26,8 @@ from serving.engine.flags import EngineCommand
 from serving.errors import ServingError
 
 ProgressFn = Callable[[str], None]
+# "RuntimeError: Worker failed with error ..." beats "Worker proc ... died unexpectedly".
+EXCEPTION_LINE = re.compile(r"^[A-Za-z_.]*(Error|Exception): ")
 
 
 def stderr_progress(line: str) -> None:
@@ -49,6 +52,16 @@ def tail_lines(path: Path, count: int = 15) -> list[str]:
         return []
     with path.open("r", encoding="utf-8", errors="replace") as handle:
         return [line.rstrip("\n") for line in deque(handle, maxlen=count)]
+
+
+def root_cause(path: Path, scan: int = 400) -> str:
+    """The exception vLLM logged last; its tracebacks end in a generic wrapper exception."""
+    errors = [
+        line.split("] ", 1)[-1].strip() for line in tail_lines(path, scan) if " ERROR " in line
+    ]
+    exceptions = [line for line in errors if EXCEPTION_LINE.match(line)]
+    chosen = exceptions or errors
+    return chosen[-1][:300] if chosen else ""
 
 
 @dataclass
@@ -95,9 +108,10 @@ class EngineProcess:
             code = self.exit_code()
             if code is not None:
                 last = "\n  ".join(tail_lines(self.log_path))
+                cause = root_cause(self.log_path)
                 raise ServingError(
-                    f"vLLM exited with code {code} before becoming healthy; "
-                    f"log {self.log_path}:\n  {last}"
+                    f"vLLM exited with code {code} before becoming healthy"
+                    f"{': ' + cause if cause else ''}; log {self.log_path}:\n  {last}"
                 )
             if self.healthy():
                 return time.monotonic() - self.started_at

@@ -100,3 +100,20 @@ def test_crash_loop_gives_up_with_a_clear_message(tmp_path: Path) -> None:
     finally:
         supervisor.stop()
     assert supervisor.restarts == 2
+
+
+def test_root_cause_prefers_the_exception_over_the_wrapper(tmp_path: Path) -> None:
+    from serving.engine.process import root_cause
+
+    log = tmp_path / "engine.log"
+    log.write_text(
+        "(EngineCore pid=1) INFO 11-29 10:56:40 [core.py:1] starting\n"
+        "(EngineCore pid=1) ERROR 11-29 10:56:41 [core.py:1510]     raise RuntimeError(\n"
+        "(EngineCore pid=1) ERROR 11-29 10:56:41 [core.py:1510] RuntimeError: FP8 needs AVX-512\n"
+        "(EngineCore pid=1) ERROR 11-29 10:56:43 [executor.py:315] Worker proc died unexpectedly\n"
+        "Traceback (most recent call last):\n"
+        "RuntimeError: Engine core initialization failed. See root cause above.\n"
+    )
+    assert root_cause(log) == "RuntimeError: FP8 needs AVX-512"
+    log.write_text("no errors here\n")
+    assert root_cause(log) == ""
