@@ -16,12 +16,6 @@ from serving.gateway.quota import Limits
 SECRET = re.compile(r"sk-[0-9a-f]{8}-[A-Za-z0-9]{40}")
 
 
-@pytest.fixture(autouse=True)
-def only_keys(monkeypatch: pytest.MonkeyPatch) -> None:
-    # build_parser imports every sub-command's module; this test is about `keys` alone.
-    monkeypatch.setattr(cli, "SUBCOMMANDS", {"keys": cli.SUBCOMMANDS["keys"]})
-
-
 def serving(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     code = cli.main(list(argv))
     captured = capsys.readouterr()
