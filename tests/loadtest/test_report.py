@@ -7,43 +7,13 @@ import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
-
 from loadtest.analysis import analyze
-from loadtest.cpu import CpuSummary
-from loadtest.records import RequestRecord
 from loadtest.report import write_report
-from loadtest.runner import RunData
-from loadtest.scraper import KV_USAGE, RUNNING, WAITING, Scrape
 from loadtest.svg import Line, line_chart, nice_max
 from loadtest.targets import Targets
+from tests.loadtest.records import run_data
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-
-
-def run_data(tmp_path: Path, *, cpu_bound: bool = False) -> RunData:
-    records = [
-        RequestRecord(
-            start=100.0 + i * 0.5,
-            scenario="chat",
-            ok=i != 3,
-            error=None if i != 3 else "x",
-            status=200,
-            ttft_s=0.05,
-            e2e_s=0.4,
-            itl_s=[0.01] * 31,
-            prompt_tokens=64,
-            output_tokens=32,
-        )
-        for i in range(10)
-    ]
-    scrapes = [
-        Scrape(100.0 + t, "engine", {KV_USAGE: 0.1 * t, RUNNING: t, WAITING: 0.0}) for t in range(6)
-    ]
-    cpu = CpuSummary(
-        1, 95.0 if cpu_bound else 20.0, 50.0, cpu_bound, [(101.0, 20.0), (102.0, 30.0)]
-    )
-    return RunData(100.0, 106.0, 0, records, scrapes, {}, cpu, tmp_path / "locust.log")
 
 
 def test_svg_chart_breaks_lines_at_gaps_and_scales_nicely() -> None:
@@ -68,8 +38,9 @@ def test_report_json_and_html_are_written(tmp_path: Path) -> None:
     assert "CPU-bound" in html and html.count("<svg") == 6
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium)")
 def test_report_renders_in_headless_chromium(tmp_path: Path) -> None:
+    # make test installs Chromium (Makefile system-deps); its absence is a set-up failure.
+    assert CHROMIUM is not None, "chromium is not installed: run make system-deps"
     report = analyze(
         run_data(tmp_path), Targets(max_error_rate=0.5, max_kv_cache_usage=0.9), meta={}
     )
