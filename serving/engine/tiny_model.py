@@ -17,32 +17,31 @@ Usage: `path = ensure_tiny_model()` or, in tests, `ensure_tiny_model(tmp, steps=
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import math
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
-import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 import serving
 from serving.engine import tiny_tokenizer as tt
+from serving.engine.cached_build import (
+    Progress,
+    cached_build,
+    write_json,
+)
 from serving.errors import ServingError
 from serving.paths import models_dir
 
 # Bump when the builder's code changes what it writes; it is part of the fingerprint.
 BUILDER_VERSION = "2"
 MODEL_NAME = "qwen3-tiny"
-BUILD_INFO = "build-info.json"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -94,49 +93,8 @@ class TinyModelParams:
         return digest.hexdigest()
 
 
-class Progress:
-    """Build status on stderr: one line rewritten in place on a terminal, plain lines in logs.
-
-    Usage: `Progress()`; `Progress(quiet=True)` for callers that print their own summary.
-    """
-
-    def __init__(self, stream: TextIO | None = None, *, quiet: bool = False) -> None:
-        self._stream = stream if stream is not None else sys.stderr
-        self._quiet = quiet
-        self._tty = self._stream.isatty()
-        self._open = False  # an unfinished status line is on screen
-
-    def status(self, text: str, *, log: bool = True) -> None:
-        """Replace the status line; without a terminal write it as a line only when `log`."""
-        if self._quiet:
-            return
-        if self._tty:
-            self._stream.write(f"\r{text}\x1b[K")
-            self._open = True
-        elif log:
-            self._stream.write(text + "\n")
-        self._stream.flush()
-
-    def line(self, text: str) -> None:
-        """A line that stays, ending any status line."""
-        if self._quiet:
-            return
-        self._stream.write(("\r\x1b[K" if self._open else "") + text + "\n")
-        self._open = False
-        self._stream.flush()
-
-
 def default_model_dir() -> Path:
     return models_dir() / MODEL_NAME
-
-
-def read_build_info(model_dir: Path) -> dict[str, Any] | None:
-    """The build record of a finished build, or None when there is none (or it is unreadable)."""
-    try:
-        info = json.loads((model_dir / BUILD_INFO).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return info if isinstance(info, dict) else None
 
 
 def ensure_tiny_model(
@@ -151,90 +109,24 @@ def ensure_tiny_model(
     chosen = params or TinyModelParams()
     if steps is not None:
         chosen = replace(chosen, steps=steps)
-    target = (out or default_model_dir()).expanduser().resolve()
+    target = out or default_model_dir()
     report = progress or Progress()
     corpus = tt.corpus_files()
     if not corpus:
         raise ServingError(f"no corpus files in {tt.corpus_dir()}: the package is incomplete")
     fingerprint = chosen.fingerprint(corpus)
-    if not force and _is_current(target, fingerprint):
-        report.line(f"{MODEL_NAME}: cached in {target}")
-        return target
-    _check_replaceable(target)
-    with _build_lock(target):
-        # Another process may have finished the same build while we waited for the lock.
-        if not force and _is_current(target, fingerprint):
-            report.line(f"{MODEL_NAME}: cached in {target}")
-            return target
-        for leftover in target.parent.glob(f".{target.name}.*.partial"):
-            shutil.rmtree(leftover, ignore_errors=True)  # of killed builds: we hold the lock
-        partial = Path(
-            tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".partial", dir=target.parent)
-        )
-        started = time.monotonic()
-        try:
-            record = _run_build(partial, chosen, report)
-            info = {
-                "builder_version": BUILDER_VERSION,
-                "corpus_sha256": {
-                    p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in corpus
-                },
-                "fingerprint": fingerprint,
-                "model": MODEL_NAME,
-                "params": asdict(chosen),
-                **record,
-            }
-            tt.write_json(partial / BUILD_INFO, info)  # last: it marks a complete build
-            _swap_into_place(partial, target)
-        except BaseException:
-            shutil.rmtree(partial, ignore_errors=True)
-            raise
-        report.line(f"{MODEL_NAME}: built in {time.monotonic() - started:.1f}s: {target}")
-    return target
 
+    def build(partial: Path) -> dict[str, Any]:
+        record = _run_build(partial, chosen, report)
+        return {
+            "builder_version": BUILDER_VERSION,
+            "corpus_sha256": {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in corpus},
+            "model": MODEL_NAME,
+            "params": asdict(chosen),
+            **record,
+        }
 
-def _is_current(target: Path, fingerprint: str) -> bool:
-    info = read_build_info(target)
-    return info is not None and info.get("fingerprint") == fingerprint
-
-
-def _check_replaceable(target: Path) -> None:
-    """Refuse to replace a dir that is not an earlier build: `--out ~` must not wipe home."""
-    if target.exists() and not target.is_dir():
-        raise ServingError(f"{target} exists and is not a directory")
-    if target.is_dir() and any(target.iterdir()) and read_build_info(target) is None:
-        raise ServingError(f"{target} is not empty and holds no {BUILD_INFO}; choose another dir")
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ServingError(f"cannot create {target.parent}: {exc.strerror}") from exc
-
-
-@contextmanager
-def _build_lock(target: Path) -> Iterator[None]:
-    """One builder per target across processes (`serving up` twice, tests in parallel)."""
-    try:
-        handle = (target.parent / f".{target.name}.lock").open("a")
-    except OSError as exc:
-        raise ServingError(f"cannot write in {target.parent}: {exc.strerror}") from exc
-    with handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)  # released when the handle closes
-        yield
-
-
-def _swap_into_place(partial: Path, target: Path) -> None:
-    """Rename the finished build onto the target: readers never see a half-written model."""
-    # mkdtemp (and safetensors' own temp file) made these private; vLLM may run as another user.
-    partial.chmod(0o755)
-    for path in partial.iterdir():
-        path.chmod(0o644)
-    if not target.exists():
-        partial.rename(target)
-        return
-    retired = target.parent / f".{target.name}.{os.getpid()}.retired.partial"
-    target.rename(retired)
-    partial.rename(target)
-    shutil.rmtree(retired, ignore_errors=True)
+    return cached_build(target, fingerprint, build, name=MODEL_NAME, progress=report, force=force)
 
 
 def _run_build(out_dir: Path, params: TinyModelParams, report: Progress) -> dict[str, Any]:
@@ -347,10 +239,10 @@ def _build(
     ids = tt.special_token_ids()
     vocab_size = -(-tokenizer.get_vocab_size() // 64) * 64  # round up: friendlier matmul shapes
     config = qwen3_config(params, vocab_size, ids)
-    tt.write_json(out_dir / "config.json", config)
+    write_json(out_dir / "config.json", config)
     eos = [ids[tt.IM_END], ids[tt.ENDOFTEXT]]
     pad = ids[tt.ENDOFTEXT]
-    tt.write_json(
+    write_json(
         out_dir / "generation_config.json",
         {"bos_token_id": pad, "eos_token_id": eos, "pad_token_id": pad},
     )

@@ -9,7 +9,6 @@ Usage: `tok = train_tokenizer(read_corpus(), vocab_size=2048); save_tokenizer(to
 
 from __future__ import annotations
 
-import json
 import random
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -18,6 +17,8 @@ from typing import Any
 
 from tokenizers import Regex, Tokenizer, decoders, normalizers, pre_tokenizers, trainers
 from tokenizers.models import BPE
+
+from serving.engine.cached_build import write_json
 
 ENDOFTEXT = "<|endoftext|>"
 IM_START = "<|im_start|>"
@@ -154,13 +155,6 @@ def tokenizer_config(model_max_length: int) -> dict[str, Any]:
         "tokenizer_class": "Qwen2TokenizerFast",
         "unk_token": None,
     }
-
-
-def write_json(path: Path, data: Mapping[str, Any]) -> None:
-    """Sorted keys and a trailing newline: the same data always gives the same bytes."""
-    path.write_text(
-        json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8"
-    )
 
 
 def save_tokenizer(tokenizer: Tokenizer, out_dir: Path, *, model_max_length: int) -> None:

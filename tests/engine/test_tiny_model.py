@@ -20,7 +20,8 @@ import pytest
 
 from serving.cli import main
 from serving.engine import tiny_model, tiny_tokenizer
-from serving.engine.tiny_model import Progress, TinyModelParams, ensure_tiny_model
+from serving.engine.cached_build import Progress, read_build_info
+from serving.engine.tiny_model import TinyModelParams, ensure_tiny_model
 from serving.errors import ServingError
 
 SHORT = TinyModelParams(steps=3)
@@ -67,7 +68,7 @@ def default_build(builds: dict[str, Path]) -> Path:
 def test_build_writes_exactly_the_checkpoint_files(short_build: Path) -> None:
     assert {path.name for path in short_build.iterdir()} == FILES
     assert not list(short_build.parent.glob("*.partial"))
-    info = tiny_model.read_build_info(short_build)
+    info = read_build_info(short_build)
     assert info is not None
     assert info["params"]["steps"] == SHORT.steps
     assert info["fingerprint"] == SHORT.fingerprint(tiny_tokenizer.corpus_files())
@@ -119,7 +120,7 @@ def test_transformers_loads_the_model(short_build: Path) -> None:
     assert model.dtype == torch.bfloat16
     assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
     parameters = sum(p.numel() for p in model.parameters())
-    info = tiny_model.read_build_info(short_build)
+    info = read_build_info(short_build)
     assert info is not None
     assert parameters == info["parameters"]
     assert 3_000_000 < parameters < 5_000_000
@@ -153,7 +154,7 @@ def test_changed_parameters_rebuild(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(tiny_model, "_run_build", _fake_build)
     target = ensure_tiny_model(tmp_path / "m", params=SHORT, progress=QUIET)
     ensure_tiny_model(target, params=SHORT, steps=SHORT.steps + 1, progress=QUIET)
-    info = tiny_model.read_build_info(target)
+    info = read_build_info(target)
     assert info is not None
     assert info["params"]["steps"] == SHORT.steps + 1
 
@@ -232,7 +233,7 @@ def test_default_build_prints_its_path_and_learned(
 ) -> None:
     assert main(["model", "tiny", "--out", str(default_build)]) == 0  # cached now
     assert capsys.readouterr().out.strip() == str(default_build)
-    info = tiny_model.read_build_info(default_build)
+    info = read_build_info(default_build)
     assert info is not None
     assert info["params"] == asdict(TinyModelParams())
     # Untrained, the loss is ln(vocab) ~ 7.6; the default build must have learned the corpus.

@@ -1,0 +1,159 @@
+"""Model directories built here and cached: a fingerprint in build-info.json marks a current build.
+
+Builds go to a temp dir beside the target and are renamed into place, so an interrupted build
+never leaves half a model; one builder per target across processes (a file lock); a target
+that is not an earlier build (say `--out ~`) is never replaced.
+
+Usage:
+    path = cached_build(target, fingerprint, build, name="qwen3-tiny", progress=Progress())
+where `build(partial_dir)` writes every file but build-info.json and returns the fields to
+record in it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TextIO
+
+from serving.errors import ServingError
+
+BUILD_INFO = "build-info.json"
+
+
+class Progress:
+    """Build status on stderr: one line rewritten in place on a terminal, plain lines in logs.
+
+    Usage: `Progress()`; `Progress(quiet=True)` for callers that print their own summary.
+    """
+
+    def __init__(self, stream: TextIO | None = None, *, quiet: bool = False) -> None:
+        self._stream = stream if stream is not None else sys.stderr
+        self._quiet = quiet
+        self._tty = self._stream.isatty()
+        self._open = False  # an unfinished status line is on screen
+
+    def status(self, text: str, *, log: bool = True) -> None:
+        """Replace the status line; without a terminal write it as a line only when `log`."""
+        if self._quiet:
+            return
+        if self._tty:
+            self._stream.write(f"\r{text}\x1b[K")
+            self._open = True
+        elif log:
+            self._stream.write(text + "\n")
+        self._stream.flush()
+
+    def line(self, text: str) -> None:
+        """A line that stays, ending any status line."""
+        if self._quiet:
+            return
+        self._stream.write(("\r\x1b[K" if self._open else "") + text + "\n")
+        self._open = False
+        self._stream.flush()
+
+
+def read_build_info(model_dir: Path) -> dict[str, Any] | None:
+    """The build record of a finished build, or None when there is none (or it is unreadable)."""
+    try:
+        info = json.loads((model_dir / BUILD_INFO).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return info if isinstance(info, dict) else None
+
+
+def write_json(path: Path, data: Mapping[str, Any]) -> None:
+    """Sorted keys and a trailing newline: the same data always gives the same bytes."""
+    path.write_text(
+        json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8"
+    )
+
+
+def cached_build(
+    target: Path,
+    fingerprint: str,
+    build: Callable[[Path], dict[str, Any]],
+    *,
+    name: str,
+    progress: Progress,
+    force: bool = False,
+) -> Path:
+    """Return target, building it first unless it holds a build with this fingerprint."""
+    target = target.expanduser().resolve()
+    if not force and _is_current(target, fingerprint):
+        progress.line(f"{name}: cached in {target}")
+        return target
+    _check_replaceable(target)
+    with _build_lock(target):
+        # Another process may have finished the same build while we waited for the lock.
+        if not force and _is_current(target, fingerprint):
+            progress.line(f"{name}: cached in {target}")
+            return target
+        for leftover in target.parent.glob(f".{target.name}.*.partial"):
+            shutil.rmtree(leftover, ignore_errors=True)  # of killed builds: we hold the lock
+        partial = Path(
+            tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".partial", dir=target.parent)
+        )
+        started = time.monotonic()
+        try:
+            record = build(partial)
+            # Last: build-info marks a complete build.
+            write_json(partial / BUILD_INFO, {"fingerprint": fingerprint, **record})
+            _swap_into_place(partial, target)
+        except BaseException:
+            shutil.rmtree(partial, ignore_errors=True)
+            raise
+        progress.line(f"{name}: built in {time.monotonic() - started:.1f}s: {target}")
+    return target
+
+
+def _is_current(target: Path, fingerprint: str) -> bool:
+    info = read_build_info(target)
+    return info is not None and info.get("fingerprint") == fingerprint
+
+
+def _check_replaceable(target: Path) -> None:
+    """Refuse to replace a dir that is not an earlier build: `--out ~` must not wipe home."""
+    if target.exists() and not target.is_dir():
+        raise ServingError(f"{target} exists and is not a directory")
+    if target.is_dir() and any(target.iterdir()) and read_build_info(target) is None:
+        raise ServingError(f"{target} is not empty and holds no {BUILD_INFO}; choose another dir")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ServingError(f"cannot create {target.parent}: {exc.strerror}") from exc
+
+
+@contextmanager
+def _build_lock(target: Path) -> Iterator[None]:
+    """One builder per target across processes (`serving up` twice, tests in parallel)."""
+    try:
+        handle = (target.parent / f".{target.name}.lock").open("a")
+    except OSError as exc:
+        raise ServingError(f"cannot write in {target.parent}: {exc.strerror}") from exc
+    with handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)  # released when the handle closes
+        yield
+
+
+def _swap_into_place(partial: Path, target: Path) -> None:
+    """Rename the finished build onto the target: readers never see a half-written model."""
+    # mkdtemp (and safetensors' own temp file) made these private; vLLM may run as another user.
+    partial.chmod(0o755)
+    for path in partial.iterdir():
+        path.chmod(0o644)
+    if not target.exists():
+        partial.rename(target)
+        return
+    retired = target.parent / f".{target.name}.{os.getpid()}.retired.partial"
+    target.rename(retired)
+    partial.rename(target)
+    shutil.rmtree(retired, ignore_errors=True)
