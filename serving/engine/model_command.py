@@ -2,7 +2,9 @@
 
 `serving model tiny [--out DIR] [--force] [--steps N]` builds (or finds cached) the embedded
 Qwen3 model and prints its directory on stdout, so `$(serving model tiny)` works in scripts.
-Each kind of model is a sub-command here, so `serving model awq ...` can join later.
+`serving model awq [--model DIR] [--out DIR] [--group-size 128] [--calibration FILE ...]`
+quantizes a Qwen2/Qwen3 checkpoint to AWQ 4-bit (the tiny model when --model is not given)
+and prints the output directory.
 """
 
 from __future__ import annotations
@@ -39,6 +41,48 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="training steps instead of the default (fewer: quicker, worse text; for tests)",
     )
     tiny.set_defaults(_model_run=_run_tiny)
+    awq = kinds.add_parser(
+        "awq",
+        help="quantize a Qwen2/Qwen3 checkpoint to AWQ 4-bit (cached)",
+        description=(
+            "Calibrate on text, search activation-aware scales, round every decoder linear "
+            "layer to 4 bits with zero points and write an AWQ (GEMM layout) checkpoint that "
+            "vLLM serves with --quantization awq. Without --model: the tiny model."
+        ),
+    )
+    awq.add_argument(
+        "--model", type=Path, default=None, metavar="DIR", help="source checkpoint directory"
+    )
+    awq.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="output directory (default: $SERVING_HOME/models/<source name>-awq)",
+    )
+    awq.add_argument(
+        "--group-size",
+        type=int,
+        default=128,
+        metavar="N",
+        help="input channels per scale and zero point: 32, 64 or 128 (default 128)",
+    )
+    awq.add_argument(
+        "--calibration",
+        type=Path,
+        action="append",
+        default=None,
+        metavar="FILE",
+        help="UTF-8 text to calibrate on (repeatable; default: the shipped corpus)",
+    )
+    awq.add_argument(
+        "--samples", type=int, default=32, metavar="N", help="calibration sequences (default 32)"
+    )
+    awq.add_argument(
+        "--seq-len", type=int, default=256, metavar="N", help="tokens per sequence (default 256)"
+    )
+    awq.add_argument("--force", action="store_true", help="quantize again even if cached")
+    awq.set_defaults(_model_run=_run_awq)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -54,4 +98,36 @@ def _run_tiny(args: argparse.Namespace) -> int:
         raise ServingError(f"--steps {args.steps}: must be at least 1")
     path = ensure_tiny_model(args.out, force=args.force, steps=args.steps)
     print(path)
+    return 0
+
+
+def _run_awq(args: argparse.Namespace) -> int:
+    from serving.engine.tiny_model import ensure_tiny_model
+    from serving.paths import models_dir
+    from serving.quantize.awq_build import ensure_awq_model
+    from serving.quantize.awq_checkpoint import GROUP_SIZES, AwqParams
+
+    if args.group_size not in GROUP_SIZES:
+        sizes = ", ".join(map(str, GROUP_SIZES))
+        raise ServingError(f"--group-size {args.group_size}: must be one of {sizes}")
+    for flag, value in (("--samples", args.samples), ("--seq-len", args.seq_len)):
+        if value < 1:
+            raise ServingError(f"{flag} {value}: must be at least 1")
+    params = AwqParams(group_size=args.group_size, samples=args.samples, seq_len=args.seq_len)
+    texts = None
+    if args.calibration:
+        texts = []
+        for path in args.calibration:
+            try:
+                texts.append(path.read_text(encoding="utf-8"))
+            except (OSError, UnicodeDecodeError) as exc:
+                raise ServingError(f"--calibration {path}: cannot read ({exc})") from exc
+    if args.model is None:
+        source = ensure_tiny_model()
+    elif not args.model.is_dir():
+        raise ServingError(f"--model {args.model}: not a directory")
+    else:
+        source = args.model
+    out = args.out or models_dir() / f"{source.resolve().name}-awq"
+    print(ensure_awq_model(source, out, params=params, texts=texts, force=args.force))
     return 0

@@ -15,8 +15,14 @@ def _tiny() -> Path:
     return ensure_tiny_model()
 
 
+def _tiny_awq() -> Path:
+    from serving.quantize.awq_build import ensure_tiny_awq_model
+
+    return ensure_tiny_awq_model()
+
+
 # Built-in model name -> builder returning the model directory (cached after the first build).
-BUILTIN_MODELS: dict[str, Callable[[], Path]] = {"qwen3-tiny": _tiny}
+BUILTIN_MODELS: dict[str, Callable[[], Path]] = {"qwen3-tiny": _tiny, "qwen3-tiny-awq": _tiny_awq}
 
 
 def resolve_model(profile: Profile) -> str:

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -78,6 +79,31 @@ def wait_for(url: str, process: subprocess.Popen[str], output: Path, timeout: fl
             return
         time.sleep(0.5)
     raise RuntimeError(f"{url} not healthy after {timeout}s:\n{output.read_text()[-3000:]}")
+
+
+@contextmanager
+def engine_process(
+    profile: str, port: int, timeout: float = 600
+) -> Iterator[subprocess.Popen[str]]:
+    """`serving engine --profile P` healthy on `port`; SIGTERM at the end, no workers left."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "serving.cli", "engine", "--profile", profile, "--port", str(port)],
+        env=serving_env(), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + timeout
+        while not http_ok(f"http://127.0.0.1:{port}/health"):
+            assert process.poll() is None, process.stdout.read() if process.stdout else ""
+            assert time.monotonic() < deadline, f"{profile} engine did not start"
+            time.sleep(1)
+        yield process
+    finally:
+        children = descendants(process.pid)
+        process.send_signal(signal.SIGTERM)
+        code = process.wait(timeout=90)
+        _, alive = psutil.wait_procs(children, timeout=30)
+    assert code == 0
+    assert not alive, f"workers left behind: {alive}"
 
 
 def read_tokens(stream: Iterable[Any], count: int = 3) -> int:

@@ -2,33 +2,16 @@
 
 from __future__ import annotations
 
-import signal
-import subprocess
-import sys
-import time
-
-import psutil
 from openai import OpenAI
 
-from serving.engine.process import http_ok
 from serving.engine.tiny_model import ensure_tiny_model
-from tests.integration.conftest import MODEL, REPO, descendants, free_port, serving_env
+from tests.integration.conftest import MODEL, descendants, engine_process, free_port
 from tests.integration.planner_truth import planned_capacity, vllm_cache_info
 
 
 def test_tp2_engine_answers_and_stops_cleanly() -> None:
     port = free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "serving.cli", "engine", "--profile", "cpu-tiny-tp2",
-         "--port", str(port)],
-        env=serving_env(), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 600
-        while not http_ok(f"http://127.0.0.1:{port}/health"):
-            assert process.poll() is None, process.stdout.read() if process.stdout else ""
-            assert time.monotonic() < deadline, "TP=2 engine did not start"
-            time.sleep(1)
+    with engine_process("cpu-tiny-tp2", port) as process:
         names = sorted(child.name() for child in descendants(process.pid))
         # vLLM titles its processes: one worker per tensor-parallel rank.
         assert [n for n in names if n.startswith("VLLM::Worker_TP")] == [
@@ -47,10 +30,3 @@ def test_tp2_engine_answers_and_stops_cleanly() -> None:
         planned = planned_capacity("cpu-tiny-tp2", str(ensure_tiny_model()))
         assert int(info["num_gpu_blocks"]) == planned.num_blocks
         assert int(info["kv_cache_size_tokens"]) == planned.tokens
-    finally:
-        children = descendants(process.pid)
-        process.send_signal(signal.SIGTERM)
-        code = process.wait(timeout=90)
-        _, alive = psutil.wait_procs(children, timeout=30)
-    assert code == 0
-    assert not alive, f"workers left behind: {alive}"

@@ -1,0 +1,107 @@
+"""AWQ served for real: `cpu-tiny-awq` through vLLM on CPU, held against the bf16 tiny model.
+
+The AWQ checkpoint is built by the profile's builtin (`serving model awq` on the tiny model)
+and served by `serving engine`. For fixed prompts the bf16 engine (the shared stack) generates
+greedily; the AWQ engine then scores the same tokens (teacher forcing, `echo` + logprobs):
+its log-probabilities stay close, its top-1 choice mostly agrees, and free-running greedy
+output matches for most prompts. The differences must not be zero either: that would mean
+the AWQ engine served unquantized weights.
+"""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+from openai import OpenAI
+from tokenizers import Tokenizer
+
+from serving.engine.tiny_model import ensure_tiny_model
+from serving.planner import get_gpu, plan_for, resolve_model
+from serving.planner.command import profile_settings
+from serving.profiles import load_profile
+from serving.quantize.awq_build import ensure_tiny_awq_model
+from tests.integration.conftest import MODEL, Stack, engine_process, free_port
+from tests.integration.test_planner_ground_truth import tensor_bytes
+
+AWQ_MODEL = "qwen3-tiny-awq"
+PROMPTS = [
+    "The river",
+    "In the morning the",
+    "She opened the door and",
+    "A small town near the sea",
+    "The weather was",
+    "He said that the",
+]
+TOKENS = 24
+
+
+def token_ids(choice_tokens: list[str]) -> list[int]:
+    """`return_tokens_as_token_ids` gives "token_id:123" strings."""
+    return [int(token.split(":", 1)[1]) for token in choice_tokens]
+
+
+def greedy(client: OpenAI, model: str, prompt: list[int]) -> tuple[list[int], list[float]]:
+    reply = client.completions.create(
+        model=model, prompt=prompt, max_tokens=TOKENS, temperature=0, logprobs=1,
+        extra_body={"ignore_eos": True, "return_tokens_as_token_ids": True},
+    )  # fmt: skip
+    logprobs = reply.choices[0].logprobs
+    assert logprobs is not None and logprobs.tokens and logprobs.token_logprobs
+    return token_ids(logprobs.tokens), [float(x) for x in logprobs.token_logprobs]
+
+
+def score(
+    client: OpenAI, model: str, prompt: list[int], continuation: list[int]
+) -> tuple[list[float], list[int]]:
+    """Logprob of each continuation token after its prefix, and the model's own top-1 there."""
+    reply = client.completions.create(
+        model=model, prompt=prompt + continuation, max_tokens=1, temperature=0, echo=True,
+        logprobs=1, extra_body={"return_tokens_as_token_ids": True},
+    )  # fmt: skip
+    logprobs = reply.choices[0].logprobs
+    assert logprobs is not None and logprobs.token_logprobs and logprobs.top_logprobs
+    span = slice(len(prompt), len(prompt) + len(continuation))
+    chosen = [float(x) for x in logprobs.token_logprobs[span]]
+    top = [token_ids([max(t, key=lambda k: t[k])])[0] for t in logprobs.top_logprobs[span]]
+    return chosen, top
+
+
+def test_awq_engine_stays_close_to_bf16(stack: Stack) -> None:
+    tokenizer = Tokenizer.from_file(str(Path(ensure_tiny_model()) / "tokenizer.json"))
+    bf16 = stack.direct_client()
+    port = free_port()
+    with engine_process("cpu-tiny-awq", port):
+        awq = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused")
+        gaps: list[float] = []
+        agree = total = identical = 0
+        for text in PROMPTS:
+            prompt = tokenizer.encode(text).ids
+            reference, reference_logprobs = greedy(bf16, MODEL, prompt)
+            quantized, _ = greedy(awq, AWQ_MODEL, prompt)
+            identical += quantized[:8] == reference[:8]
+            scored, top = score(awq, AWQ_MODEL, prompt, reference)
+            gaps += [abs(a - b) for a, b in zip(reference_logprobs, scored, strict=True)]
+            agree += sum(t == r for t, r in zip(top, reference, strict=True))
+            total += len(reference)
+    mean_gap = statistics.mean(gaps)
+    summary = (
+        f"mean |dlogprob| {mean_gap:.3f}, top-1 agreement {agree}/{total}, greedy {identical}/6"
+    )
+    print(summary)
+    assert 0 < mean_gap < 0.15, summary
+    assert agree / total >= 0.85, summary
+    assert identical >= 4, summary
+
+
+def test_planner_weight_bytes_equal_the_awq_files() -> None:
+    model_dir = ensure_tiny_awq_model()
+    plan = plan_for(
+        resolve_model(str(model_dir)),
+        get_gpu("cpu"),
+        profile_settings(load_profile("cpu-tiny-awq")),
+    )
+    on_disk = sum(tensor_bytes(path) for path in model_dir.glob("*.safetensors"))
+    assert plan.weights.total == on_disk
+    bf16 = sum(tensor_bytes(path) for path in Path(ensure_tiny_model()).glob("*.safetensors"))
+    assert on_disk < 0.5 * bf16  # 4-bit linears; the 1 MiB embedding stays bf16
