@@ -14,7 +14,13 @@ import sys
 import threading
 import time
 
-from serving.engine.command import DEFAULT_ENGINE_PORT, install_stop_handlers
+from serving.engine.command import (
+    DEFAULT_ENGINE_PORT,
+    add_metrics_port_argument,
+    install_stop_handlers,
+    metrics_port,
+)
+from serving.engine.load_stats import LoadStats
 from serving.engine.process import http_ok
 from serving.errors import ServingError
 from serving.paths import logs_dir, serving_home
@@ -27,6 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="address the gateway binds")
     parser.add_argument("--port", type=int, default=8000, help="gateway port")
     parser.add_argument("--engine-port", type=int, default=DEFAULT_ENGINE_PORT)
+    add_metrics_port_argument(parser)
     parser.add_argument(
         "--keys-db",
         default=None,
@@ -80,13 +87,23 @@ def start_gateway(
     raise ServingError(f"gateway did not answer /healthz within 30s; see {log_path}")
 
 
-def banner(url: str, model: str, api_key: str, engine_seconds: float, profile: str) -> str:
+def banner(
+    url: str,
+    model: str,
+    api_key: str,
+    engine_seconds: float,
+    profile: str,
+    load: LoadStats | None = None,
+    launcher_metrics: str | None = None,
+) -> str:
+    load_line = f"\nModel load: {load.describe()}." if load is not None else ""
+    launcher_line = f"\n  engine launcher metrics: {launcher_metrics}" if launcher_metrics else ""
     return f"""
-Serving {model} (profile {profile}); vLLM became healthy in {engine_seconds:.1f}s.
+Serving {model} (profile {profile}); vLLM became healthy in {engine_seconds:.1f}s.{load_line}
 
   API:      {url}/v1
   API key:  {api_key}
-  metrics:  {url}/metrics     health: {url}/healthz  {url}/readyz
+  metrics:  {url}/metrics     health: {url}/healthz  {url}/readyz{launcher_line}
 
 Try it:
   python - <<'PY'
@@ -113,13 +130,18 @@ def _stop_gateway(process: subprocess.Popen[bytes]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from serving.engine.launch import build_supervisor
+    from serving.engine.launch import build_supervisor, serve_launcher_metrics
     from serving.profiles import load_profile
 
     profile = load_profile(args.profile)
     api_key = dev_api_key()
     install_stop_handlers()
     supervisor = build_supervisor(profile, host="127.0.0.1", port=args.engine_port)
+    launcher_port = metrics_port(args, args.engine_port)
+    launcher_url = None
+    if launcher_port:
+        serve_launcher_metrics(supervisor, profile, host="127.0.0.1", port=launcher_port)
+        launcher_url = f"http://127.0.0.1:{launcher_port}/metrics"
     gateway: subprocess.Popen[bytes] | None = None
     watch_error: list[BaseException] = []
 
@@ -140,6 +162,8 @@ def run(args: argparse.Namespace) -> int:
                 api_key,
                 engine_seconds,
                 profile.name,
+                supervisor.current.load_stats if supervisor.current else None,
+                launcher_url,
             ),
             flush=True,
         )

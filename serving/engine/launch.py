@@ -6,6 +6,7 @@ import shlex
 from pathlib import Path
 
 from serving.engine.flags import render
+from serving.engine.launcher_metrics import LauncherMetrics
 from serving.engine.preflight import preflight
 from serving.engine.process import EngineProcess, stderr_progress
 from serving.engine.resolve import resolve_model
@@ -34,10 +35,30 @@ def build_supervisor(
     log_path = Path(log_file) if log_file else logs_dir() / f"engine-{profile.name}.log"
 
     def make_process() -> EngineProcess:
-        return EngineProcess(command=command, base_url=f"http://{host}:{port}", log_path=log_path)
+        return EngineProcess(
+            command=command,
+            base_url=f"http://{host}:{port}",
+            log_path=log_path,
+            ranks=profile.tensor_parallel_size,
+        )
 
     return Supervisor(
         make_process=make_process,
         policy=policy or RestartPolicy(),
         progress=stderr_progress,
     )
+
+
+def serve_launcher_metrics(
+    supervisor: Supervisor, profile: Profile, *, host: str, port: int
+) -> LauncherMetrics:
+    """Export each (re)start's load time and memory on http://host:port/metrics."""
+    metrics = LauncherMetrics(profile.name, profile.served_model_name)
+    metrics.serve(host, port)
+
+    def record(process: EngineProcess, restart: bool) -> None:
+        if process.load_stats is not None:
+            metrics.record_start(process.load_stats, restart=restart)
+
+    supervisor.on_started = record
+    return metrics

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import IO
 
 from serving.engine.flags import EngineCommand
+from serving.engine.load_stats import LoadMonitor, LoadStats
 from serving.errors import ServingError
 
 ProgressFn = Callable[[str], None]
@@ -71,15 +72,19 @@ class EngineProcess:
     command: EngineCommand
     base_url: str
     log_path: Path
+    ranks: int = 1  # tensor-parallel workers: each logs its own weight loading
     popen: subprocess.Popen[bytes] | None = None
     started_at: float = 0.0
+    load_stats: LoadStats | None = None  # set once the server is healthy
     _log_handle: IO[bytes] | None = None
+    _monitor: LoadMonitor | None = None
 
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log_handle = self.log_path.open("ab")
         self._log_handle.write(f"--- starting: {' '.join(self.command.argv)}\n".encode())
         self._log_handle.flush()
+        log_offset = self._log_handle.tell()
         self.started_at = time.monotonic()
         self.popen = subprocess.Popen(
             self.command.argv,
@@ -89,6 +94,14 @@ class EngineProcess:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+        self._monitor = LoadMonitor(
+            self.popen.pid,
+            self.log_path,
+            log_offset,
+            ranks=self.ranks,
+            started_at=self.started_at,
+        )
+        self._monitor.start()
 
     @property
     def pid(self) -> int | None:
@@ -114,7 +127,9 @@ class EngineProcess:
                     f"{': ' + cause if cause else ''}; log {self.log_path}:\n  {last}"
                 )
             if self.healthy():
-                return time.monotonic() - self.started_at
+                seconds = time.monotonic() - self.started_at
+                self.load_stats = self._finish_monitor(seconds)
+                return seconds
             waited = time.monotonic() - self.started_at
             if progress is not None and waited >= next_report:
                 last_lines = tail_lines(self.log_path, 1)
@@ -128,8 +143,13 @@ class EngineProcess:
             f"vLLM did not become healthy within {timeout:.0f}s; see {self.log_path}"
         )
 
+    def _finish_monitor(self, seconds: float) -> LoadStats | None:
+        monitor, self._monitor = self._monitor, None
+        return None if monitor is None else monitor.finish(seconds)
+
     def stop(self, grace: float = 20.0) -> None:
         """SIGTERM the whole process group, SIGKILL what is left after `grace` seconds."""
+        self._finish_monitor(0.0)
         if self.popen is None:
             return
         pgid = self.popen.pid

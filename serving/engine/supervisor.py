@@ -36,6 +36,8 @@ class Supervisor:
     policy: RestartPolicy = field(default_factory=RestartPolicy)
     progress: ProgressFn | None = None
     on_event: Callable[[str], None] = print
+    # Called after every healthy start with the process and whether it was a restart.
+    on_started: Callable[[EngineProcess, bool], None] | None = None
     current: EngineProcess | None = None
     restarts: int = 0
     _stopping: threading.Event = field(default_factory=threading.Event)
@@ -45,7 +47,10 @@ class Supervisor:
         """Start the server and wait until it is healthy; returns the start-up seconds."""
         self.current = self.make_process()
         self.current.start()
-        return self.current.wait_healthy(self.policy.start_timeout_s, self.progress)
+        seconds = self.current.wait_healthy(self.policy.start_timeout_s, self.progress)
+        if self.on_started is not None:
+            self.on_started(self.current, self.restarts > 0)
+        return seconds
 
     def stop(self) -> None:
         self._stopping.set()

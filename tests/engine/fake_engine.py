@@ -1,8 +1,9 @@
 """A stand-in for a vLLM server process in supervisor tests (crashes on demand).
 
-Usage: fake_engine.py PORT [--die-after SECONDS] [--worker]
+Usage: fake_engine.py PORT [--die-after SECONDS] [--worker] [--load-mib N]
 Serves GET /health; GET /crash makes it exit with code 3. --worker starts a child process in
-the same process group, the way vLLM starts its engine core and TP workers.
+the same process group, the way vLLM starts its engine core and TP workers. --load-mib makes
+that worker hold N MiB and then log vLLM's "Loading weights took" line before /health answers.
 """
 
 from __future__ import annotations
@@ -31,8 +32,21 @@ class Handler(http.server.BaseHTTPRequestHandler):
 def main() -> None:
     port = int(sys.argv[1])
     if "--worker" in sys.argv:
-        worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+        load_mib = (
+            int(sys.argv[sys.argv.index("--load-mib") + 1]) if "--load-mib" in sys.argv else 0
+        )
+        code = (
+            "import sys, time\n"
+            f"held = bytearray({load_mib} * 2**20)  # zero-filled: every page resident\n"
+            "time.sleep(0.5)\n"
+            "print('(Worker pid=1) INFO [default_loader.py:501] Loading weights took 0.25 seconds'"
+            " if held else 'no load', flush=True)\n"
+            "time.sleep(600)\n"
+        )
+        worker = subprocess.Popen([sys.executable, "-c", code])
         print(f"worker {worker.pid}", flush=True)
+        if load_mib:
+            time.sleep(1.5)  # vLLM answers /health only after its workers loaded
     if "--die-after" in sys.argv:
         delay = float(sys.argv[sys.argv.index("--die-after") + 1])
         threading.Timer(delay, lambda: os._exit(4)).start()

@@ -60,6 +60,8 @@ class Stack:
     output: Path
     keys_db: Path
     """The key store the stack's gateway reads (`serving keys create --store` it)."""
+    launcher_url: str
+    """The launcher's own metrics (model load time, peak load memory, restarts)."""
 
     def client(self, **kwargs: object) -> OpenAI:
         return OpenAI(base_url=f"{self.gateway_url}/v1", api_key=self.api_key, **kwargs)  # type: ignore[arg-type]
@@ -87,7 +89,8 @@ def engine_process(
 ) -> Iterator[subprocess.Popen[str]]:
     """`serving engine --profile P` healthy on `port`; SIGTERM at the end, no workers left."""
     process = subprocess.Popen(
-        [sys.executable, "-m", "serving.cli", "engine", "--profile", profile, "--port", str(port)],
+        [sys.executable, "-m", "serving.cli", "engine", "--profile", profile, "--port", str(port),
+         "--metrics-port", str(free_port())],
         env=serving_env(), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     try:
@@ -126,18 +129,19 @@ def descendants(pid: int) -> list[psutil.Process]:
 
 @pytest.fixture(scope="session")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    port, engine_port = free_port(), free_port()
+    port, engine_port, launcher_port = free_port(), free_port(), free_port()
     workdir = tmp_path_factory.mktemp("stack")
     output, keys_db = workdir / "serving-up.out", workdir / "keys.db"
     with output.open("w") as sink:
         process = subprocess.Popen(
             [sys.executable, "-m", "serving.cli", "up", "--port", str(port),
-             "--engine-port", str(engine_port), "--keys-db", str(keys_db)],
+             "--engine-port", str(engine_port), "--metrics-port", str(launcher_port),
+             "--keys-db", str(keys_db)],
             env=serving_env(SERVING_API_KEY=TEST_KEY),
             stdout=sink, stderr=subprocess.STDOUT, text=True, cwd=REPO,
         )  # fmt: skip
     stack = Stack(f"http://127.0.0.1:{port}", f"http://127.0.0.1:{engine_port}", TEST_KEY,
-                  process, output, keys_db)  # fmt: skip
+                  process, output, keys_db, f"http://127.0.0.1:{launcher_port}")  # fmt: skip
     try:
         wait_for(f"{stack.gateway_url}/healthz", process, output, timeout=900)
         wait_for(f"{stack.engine_url}/health", process, output, timeout=60)
