@@ -32,6 +32,8 @@ def preflight(
     if plan is None:
         warn(f"planner: no spec for {profile.model}; memory not checked before start")
         return None
+    for warning in plan.warnings:
+        warn(f"planner: warning: {warning}")
     if plan.fits:
         return plan
     reasons = "; ".join(problem.message for problem in plan.problems) or str(plan.binding)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 
 from serving.planner.activations import CUDA_GRAPH_BYTES, activation_estimate, non_torch_bytes
 from serving.planner.gpus import GiB, GpuSpec
+from serving.planner.host_cpu import fp8_kv_warning
 from serving.planner.kv import (
     CPU_KERNEL_BLOCK,
     GPU_KERNEL_BLOCK,
@@ -25,7 +26,7 @@ from serving.planner.kv import (
     kv_layout,
 )
 from serving.planner.models import ModelSpec
-from serving.planner.precision import kv_dtype_bytes, model_dtype_bytes
+from serving.planner.precision import is_fp8, kv_dtype_bytes, model_dtype_bytes
 from serving.planner.settings import PlanSettings, resolve
 from serving.planner.suggest import candidate_changes
 from serving.planner.weights import (
@@ -80,6 +81,7 @@ class Plan:
     problems: tuple[Problem, ...]
     suggestion: Suggestion | None = None
     notes: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()  # the plan fits, but something else will stop it
 
     @property
     def fits(self) -> bool:
@@ -138,6 +140,13 @@ def _problems(plan: Plan, spec: ModelSpec) -> tuple[Problem, ...]:
             )
         )
     return tuple(found)
+
+
+def _warnings(gpu: GpuSpec, settings: PlanSettings) -> tuple[str, ...]:
+    if gpu.is_cpu and is_fp8(settings.kv_cache_dtype):
+        warning = fp8_kv_warning()
+        return (warning,) if warning else ()
+    return ()
 
 
 def evaluate(spec: ModelSpec, gpu: GpuSpec, settings: PlanSettings) -> Plan:
@@ -207,6 +216,7 @@ def evaluate(spec: ModelSpec, gpu: GpuSpec, settings: PlanSettings) -> Plan:
         decode_tokens_s_full_context=_roofline(gpu, read + full_context),
         problems=(),
         notes=spec.notes,
+        warnings=_warnings(gpu, s),
     )
     return replace(plan, problems=_problems(plan, spec))
 

@@ -73,6 +73,7 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
         "problems": [asdict(problem) for problem in plan.problems],
         "suggestion": suggestion,
         "notes": list(plan.notes),
+        "warnings": list(plan.warnings),
     }
 
 
@@ -178,6 +179,7 @@ def _verdict(plan: Plan) -> list[str]:
                 f"Cheapest change: {sug.change} -> {sug.kv_tokens:,} KV tokens, "
                 f"{_sequences(sug.max_sequences)} at full context"
             )
+    lines += [f"Warning: {warning}" for warning in plan.warnings]
     lines += [f"Note: {note}" for note in plan.notes]
     return lines
 

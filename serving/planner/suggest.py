@@ -14,6 +14,7 @@ from dataclasses import replace
 
 from serving.errors import ServingError
 from serving.planner.gpus import GpuSpec, larger_gpus
+from serving.planner.host_cpu import fp8_kv_supported
 from serving.planner.models import ModelSpec
 from serving.planner.precision import is_fp8
 from serving.planner.settings import PlanSettings, resolve
@@ -40,7 +41,9 @@ def _valid(spec: ModelSpec, gpu: GpuSpec, settings: PlanSettings) -> bool:
 
 def candidate_changes(spec: ModelSpec, gpu: GpuSpec, settings: PlanSettings) -> Iterator[Change]:
     """(description, gpu, settings) for each single change, cheapest first."""
-    if not is_fp8(settings.kv_cache_dtype):
+    # On this host's CPU fp8 needs AVX-512/AMX: never suggest a change vLLM would refuse.
+    fp8_runs = not gpu.is_cpu or fp8_kv_supported() is True
+    if not is_fp8(settings.kv_cache_dtype) and fp8_runs:
         yield "--kv-cache-dtype fp8", gpu, replace(settings, kv_cache_dtype="fp8")
     current = settings.max_model_len or spec.max_positions
     for length in _shorter_contexts(spec, current):
