@@ -90,9 +90,13 @@ QWEN3_32B = ModelSpec(
 # 1 gated attention), hidden 4096, DeltaNet 16 QK / 32 V heads of dim 128, attention 16 Q /
 # 4 KV heads of dim 256, intermediate 12288, vocab and LM output 248320 (untied: the text
 # parameters then sum to the published 8.95B), max_position_embeddings 262144,
-# full_attention_interval 4, linear_conv_kernel_dim 4, attn_output_gate true.
-# ASSUMED (not read from the file): mamba_ssm_dtype float32 (as in Qwen3.5-27B) and the
-# vision_config (transformers' Qwen3_5VisionConfig defaults: depth 27, hidden 1152, ...).
+# full_attention_interval 4, linear_conv_kernel_dim 4, attn_output_gate true,
+# mamba_ssm_dtype float32 (vLLM 0.32's Qwen3_5*Config copies it into the state cache dtype:
+# 4-byte recurrent state). vision_config: depth 27, hidden 1152, intermediate 4304, 16 heads,
+# patch 16, spatial merge 2, temporal patch 2, out_hidden_size 4096.
+# Checked 2026-11-29 against public copies of the hub file (a test fixture of the 9B config,
+# and two documents quoting huggingface.co/Qwen/Qwen3.5-9B/blob/main/config.json), which
+# agree with each other; not against the hub file itself (no network here).
 QWEN35_9B = ModelSpec(
     name="Qwen3.5-9B",
     layers=32, hidden=4096, heads=16, kv_heads=4, head_dim=256, intermediate=12288,
@@ -104,7 +108,7 @@ QWEN35_9B = ModelSpec(
         recurrent_state_bytes=4,
     ),
     vision_params=vision_encoder_params(VisionConfig(out_hidden=4096)),
-    notes=("mamba_ssm_dtype and vision_config assumed (see serving/planner/catalog.py)",),
+    notes=("config values from public copies of the hub config.json (see catalog.py)",),
 )  # fmt: skip
 
 # Qwen/Qwen3.5-27B config.json `text_config`: num_hidden_layers 64, hidden_size 5120,
@@ -113,8 +117,9 @@ QWEN35_9B = ModelSpec(
 # full_attention_interval 4 (48 linear + 16 full), linear_num_key_heads 16,
 # linear_num_value_heads 48, linear_key_head_dim 128, linear_value_head_dim 128,
 # linear_conv_kernel_dim 4, mamba_ssm_dtype float32, attn_output_gate true.
-# ASSUMED: vision_config = transformers' Qwen3_5VisionConfig defaults (depth 27, hidden 1152,
-# intermediate 4304, patch 16), out_hidden_size 5120.
+# vision_config: as the 9B's (depth 27, hidden 1152, intermediate 4304, patch 16) with
+# out_hidden_size 5120: from 27B-shaped test fixtures and the later qwen3_5-architecture 27B
+# configs, not from a copy of this model's own file.
 QWEN35_27B = ModelSpec(
     name="Qwen3.5-27B",
     layers=64, hidden=5120, heads=24, kv_heads=4, head_dim=256, intermediate=17408,
@@ -126,7 +131,7 @@ QWEN35_27B = ModelSpec(
         recurrent_state_bytes=4,
     ),
     vision_params=vision_encoder_params(VisionConfig(out_hidden=5120)),
-    notes=("vision_config assumed (see serving/planner/catalog.py)",),
+    notes=("vision_config from 27B-shaped copies, not this model's file (see catalog.py)",),
 )  # fmt: skip
 
 CATALOG: dict[str, ModelSpec] = {
