@@ -1,6 +1,6 @@
 """Deterministic prompts from the shipped corpus, sized in the model's own tokens.
 
-The corpus (`serving/engine/corpus/*.txt`) is tokenized once; a prompt of N tokens is a
+The corpus (`serving/models/corpus/*.txt`) is tokenized once; a prompt of N tokens is a
 seeded window of that token stream, decoded and re-encoded until it is N tokens long (BPE
 merges across the window's edges can shift the count by one or two). `prompt_tokens` is what
 the engine will count: the user message rendered with the model's chat template.
@@ -22,7 +22,7 @@ from typing import Any, Protocol, cast
 
 from loadtest.errors import LoadTestError
 from loadtest.workload import Scenario, Workload
-from serving.engine.tiny_tokenizer import paragraphs, read_corpus
+from serving.models.tiny_tokenizer import paragraphs, read_corpus
 
 # Re-encoding passes before accepting a length that is off by a token or two.
 SIZING_PASSES = 4

@@ -92,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _run_tiny(args: argparse.Namespace) -> int:
     # Imported here: the builder pulls in `tokenizers` (its child process pulls in torch).
-    from serving.engine.tiny_model import ensure_tiny_model
+    from serving.models.tiny_model import ensure_tiny_model
 
     if args.steps is not None and args.steps < 1:
         raise ServingError(f"--steps {args.steps}: must be at least 1")
@@ -102,7 +102,7 @@ def _run_tiny(args: argparse.Namespace) -> int:
 
 
 def _run_awq(args: argparse.Namespace) -> int:
-    from serving.engine.tiny_model import ensure_tiny_model
+    from serving.models.tiny_model import ensure_tiny_model
     from serving.paths import models_dir
     from serving.quantize.awq_build import ensure_awq_model
     from serving.quantize.awq_checkpoint import GROUP_SIZES, AwqParams

@@ -10,7 +10,7 @@ from serving.profiles.model import Profile
 
 
 def _tiny() -> Path:
-    from serving.engine.tiny_model import ensure_tiny_model
+    from serving.models.tiny_model import ensure_tiny_model
 
     return ensure_tiny_model()
 

@@ -17,8 +17,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from serving.engine import tiny_tokenizer as tt
-from serving.engine.cached_build import Progress, cached_build, read_build_info
+from serving.models import tiny_tokenizer as tt
+from serving.models.cached_build import Progress, cached_build, read_build_info
 from serving.paths import models_dir
 from serving.quantize.awq_checkpoint import (
     WEIGHT_FILES,
@@ -84,7 +84,7 @@ def ensure_awq_model(
 
 def ensure_tiny_awq_model(progress: Progress | None = None) -> Path:
     """The built-in qwen3-tiny-awq: the tiny model, AWQ 4-bit, group size 128."""
-    from serving.engine.tiny_model import ensure_tiny_model
+    from serving.models.tiny_model import ensure_tiny_model
 
     source = ensure_tiny_model(progress=progress)
     return ensure_awq_model(source, models_dir() / TINY_AWQ_NAME, progress=progress)

@@ -22,8 +22,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from serving.engine.cached_build import write_json
 from serving.errors import ServingError
+from serving.models.cached_build import write_json
 
 SUPPORTED_ARCHITECTURES = ("Qwen2ForCausalLM", "Qwen3ForCausalLM")
 GROUP_SIZES = (32, 64, 128)  # what vLLM's AWQ kernels take

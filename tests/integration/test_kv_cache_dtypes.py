@@ -14,8 +14,8 @@ import pytest
 
 from serving.engine.launch import build_supervisor
 from serving.engine.supervisor import RestartPolicy
-from serving.engine.tiny_model import ensure_tiny_model
 from serving.errors import ServingError
+from serving.models.tiny_model import ensure_tiny_model
 from serving.planner import get_gpu, plan_for, resolve_model
 from serving.planner.command import profile_settings
 from serving.profiles import load_profile

@@ -6,7 +6,7 @@ import json
 import struct
 from pathlib import Path
 
-from serving.engine.tiny_model import ensure_tiny_model
+from serving.models.tiny_model import ensure_tiny_model
 from serving.planner import get_gpu, plan_for, resolve_model
 from serving.planner.command import profile_settings
 from serving.profiles import load_profile

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from openai import OpenAI
 
-from serving.engine.tiny_model import ensure_tiny_model
+from serving.models.tiny_model import ensure_tiny_model
 from tests.integration.conftest import MODEL, descendants, engine_process, free_port
 from tests.integration.planner_truth import planned_capacity, vllm_cache_info
 

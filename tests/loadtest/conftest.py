@@ -9,7 +9,7 @@ import pytest
 
 from loadtest.prompts import Tokenizer, generate_prompts, load_tokenizer, write_prompts
 from loadtest.workload import load_workload
-from serving.engine.tiny_tokenizer import read_corpus, save_tokenizer, train_tokenizer
+from serving.models.tiny_tokenizer import read_corpus, save_tokenizer, train_tokenizer
 from tests.loadtest.fake_upstream import FakeConfig, RunningFake, serve_fake
 
 API_KEY = "sk-loadtest-fake"

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from serving.engine import tiny_tokenizer as tt
-from serving.engine.cached_build import write_json
-from serving.engine.tiny_model import TinyModelParams, qwen3_config
+from serving.models import tiny_tokenizer as tt
+from serving.models.cached_build import write_json
+from serving.models.tiny_model import TinyModelParams, qwen3_config
 
 SMALL = TinyModelParams(
     hidden_size=128,

@@ -10,8 +10,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from serving.engine.cached_build import Progress, read_build_info
 from serving.errors import ServingError
+from serving.models.cached_build import Progress, read_build_info
 from serving.planner import get_gpu, plan_for, resolve_model
 from serving.planner.settings import PlanSettings
 from serving.quantize.awq_build import ensure_awq_model

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer
 
-from serving.engine import tiny_tokenizer as tt
+from serving.models import tiny_tokenizer as tt
 
 VOCAB_SIZE = 2048
 

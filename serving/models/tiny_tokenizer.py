@@ -18,7 +18,7 @@ from typing import Any
 from tokenizers import Regex, Tokenizer, decoders, normalizers, pre_tokenizers, trainers
 from tokenizers.models import BPE
 
-from serving.engine.cached_build import write_json
+from serving.models.cached_build import write_json
 
 ENDOFTEXT = "<|endoftext|>"
 IM_START = "<|im_start|>"

@@ -30,13 +30,13 @@ from pathlib import Path
 from typing import Any
 
 import serving
-from serving.engine import tiny_tokenizer as tt
-from serving.engine.cached_build import (
+from serving.errors import ServingError
+from serving.models import tiny_tokenizer as tt
+from serving.models.cached_build import (
     Progress,
     cached_build,
     write_json,
 )
-from serving.errors import ServingError
 from serving.paths import models_dir
 
 # Bump when the builder's code changes what it writes; it is part of the fingerprint.
@@ -146,7 +146,7 @@ def _run_build(out_dir: Path, params: TinyModelParams, report: Progress) -> dict
     # Appended, not prepended: finds this checkout when it is not installed, shadows nothing.
     code = (
         "import sys; sys.path.append(sys.argv[1]); "
-        "from serving.engine.tiny_model import build_main; build_main(sys.argv[2:])"
+        "from serving.models.tiny_model import build_main; build_main(sys.argv[2:])"
     )
     package_root = str(Path(serving.__file__).resolve().parent.parent)
     command = [sys.executable, "-c", code, package_root, str(out_dir), json.dumps(asdict(params))]

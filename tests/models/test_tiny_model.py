@@ -19,10 +19,10 @@ from typing import Any
 import pytest
 
 from serving.cli import main
-from serving.engine import tiny_model, tiny_tokenizer
-from serving.engine.cached_build import Progress, read_build_info
-from serving.engine.tiny_model import TinyModelParams, ensure_tiny_model
 from serving.errors import ServingError
+from serving.models import tiny_model, tiny_tokenizer
+from serving.models.cached_build import Progress, read_build_info
+from serving.models.tiny_model import TinyModelParams, ensure_tiny_model
 
 SHORT = TinyModelParams(steps=3)
 FILES = {
