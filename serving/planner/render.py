@@ -12,7 +12,13 @@ KiB = 1024
 
 
 def _gib(value: int) -> str:
-    return f"{value / GiB:8.2f}"
+    text = f"{value / GiB:8.2f}"
+    # A model of a few MB (the embedded tiny one) would read 0.00: show its size too.
+    return f"{text}  ({value / 2**20:.1f} MiB)" if 0 < value < GiB // 100 else text
+
+
+def _parameters(count: int) -> str:
+    return f"{count / 1e9:.2f} B" if count >= 10**8 else f"{count / 1e6:.2f} M"
 
 
 def _tokens_s(value: float | None) -> str:
@@ -83,7 +89,7 @@ def _header(plan: Plan) -> list[str]:
     replicas = "" if plan.replicas == 1 else f", {plan.replicas} replicas"
     count = "" if plan.gpu.is_cpu else f"{s.gpu_count} x "
     return [
-        f"{plan.model} ({plan.parameters / 1e9:.2f} B parameters) on {count}{plan.gpu.label}",
+        f"{plan.model} ({_parameters(plan.parameters)} parameters) on {count}{plan.gpu.label}",
         f"  tp={s.tensor_parallel_size}{replicas}, dtype {s.dtype}, {precision}, "
         f"KV cache dtype {s.kv_cache_dtype}",
         f"  max_model_len {s.max_model_len}, max_num_seqs {s.max_num_seqs}, "
