@@ -80,6 +80,10 @@ def test_crosscheck_agrees_with_vllm_bench(
     assert result["vllm"]["completed"] == 40 and result["ours"]["succeeded"] == 40
     assert result["vllm"]["total_output_tokens"] == result["ours"]["output_tokens"] == 40 * 32
     ratios = {c["metric"]: c["ratio"] for c in result["comparisons"]}
-    assert all(0.7 < ratio < 1.3 for ratio in ratios.values()), ratios
+    assert 0.7 < ratios["output tokens/s"] < 1.3, ratios
+    # A 30 ms TTFT moves by several ms when the two cores are busy; a client that measured
+    # something else (say, the end of the response: 190 ms here) would be far outside this.
+    assert 0.5 < ratios["mean TTFT (ms)"] < 2.0, ratios
+    assert 0.5 < ratios["mean TPOT (ms)"] < 2.0, ratios
     assert code == (0 if result["agree"] else 1)
     assert result["agree"] or result["reasons"]
