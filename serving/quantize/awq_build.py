@@ -28,7 +28,7 @@ from serving.quantize.awq_checkpoint import (
 )
 
 # Bump when the quantizer's code changes what it writes; it is part of the fingerprint.
-AWQ_BUILDER_VERSION = "1"
+AWQ_BUILDER_VERSION = "2"
 TINY_AWQ_NAME = "qwen3-tiny-awq"
 
 

@@ -51,6 +51,7 @@ class AwqParams:
     seq_len: int = 256  # tokens per sequence
     max_rows: int = 2048  # activation rows kept per group for the error measurement
     grid: int = 20  # exponents tried: 0, 1/grid, ..., (grid-1)/grid
+    clip: bool = True  # also search each group's clipping range (awq_clip)
     num_threads: int = 2  # fixed: the float reduction order, and so the files, depend on it
 
     def __post_init__(self) -> None:
@@ -120,6 +121,7 @@ def quantize_checkpoint(
     from transformers import AutoModelForCausalLM
     from transformers.utils.logging import disable_progress_bar
 
+    from serving.quantize.awq_clip import clip_linear
     from serving.quantize.awq_math import quantize_linear
     from serving.quantize.awq_search import capture_inputs, decoder_scale_groups, search_and_apply
 
@@ -143,6 +145,14 @@ def quantize_checkpoint(
     for number, group in enumerate(groups, start=1):
         results.append(search_and_apply(group, stats[group.key], group_size=params.group_size))
         emit(f"AWQ: scale search {number}/{len(groups)}")
+    clip_before = clip_after = 0.0
+    if params.clip:
+        for number, (group, result) in enumerate(zip(groups, results, strict=True), start=1):
+            scaled_inputs = stats[group.key].sample() / result.scales  # what the layer now sees
+            for linear in group.clipped:
+                before, after = clip_linear(linear, scaled_inputs, group_size=params.group_size)
+                clip_before, clip_after = clip_before + before, clip_after + after
+            emit(f"AWQ: clipping search {number}/{len(groups)}")
     emit("AWQ: packing 4-bit weights")
     source_dtype = getattr(torch, str(config.get("torch_dtype") or "bfloat16"))
     tensors: dict[str, Any] = {}
@@ -167,9 +177,11 @@ def quantize_checkpoint(
     write_json(out / "config.json", {**config, "quantization_config": quantization_config(params)})
     return {
         "awq_params": asdict(params),
-        "groups": [asdict(result) for result in results],
+        "groups": [result.summary() for result in results],
         "rtn_error": sum(r.rtn_error for r in results),
         "awq_error": sum(r.awq_error for r in results),
+        "clip_error_before": clip_before,
+        "clip_error_after": clip_after,
         "calibration_tokens": len(batches) * params.seq_len,
     }
 

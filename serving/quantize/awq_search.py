@@ -36,6 +36,7 @@ class ScaleGroup:
     key: str  # e.g. "model.layers.0.mlp.gate_proj+up_proj"
     previous: nn.Module  # an RMSNorm (its weight) or an nn.Linear (its output rows)
     linears: tuple[nn.Linear, ...]
+    clipped: tuple[nn.Linear, ...]  # those whose weight ranges awq_clip may shrink
 
 
 @dataclass
@@ -60,6 +61,11 @@ class SearchResult:
     ratio: float  # the chosen exponent a; 0 means plain round-to-nearest won
     rtn_error: float  # mean squared output error with s = 1
     awq_error: float  # with the chosen scales
+    scales: torch.Tensor = field(repr=False, compare=False)  # s (ones when ratio is 0)
+
+    def summary(self) -> dict[str, float | str]:
+        return {"key": self.key, "ratio": self.ratio, "rtn_error": self.rtn_error,
+                "awq_error": self.awq_error}  # fmt: skip
 
 
 def _linear(layer: nn.Module, name: str) -> nn.Linear:
@@ -78,18 +84,20 @@ def decoder_scale_groups(prefix: str, layer: nn.Module) -> list[ScaleGroup]:
             f"{prefix}.self_attn.q_proj+k_proj+v_proj",
             layer.get_submodule("input_layernorm"),
             (q, k, v),
+            (v,),
         ),
         ScaleGroup(
             f"{prefix}.mlp.gate_proj+up_proj",
             layer.get_submodule("post_attention_layernorm"),
             (gate, up),
+            (gate, up),
         ),
-        ScaleGroup(f"{prefix}.mlp.down_proj", up, (down,)),
+        ScaleGroup(f"{prefix}.mlp.down_proj", up, (down,), (down,)),
     ]
     # With grouped-query attention v_proj has fewer outputs than o_proj has inputs, so 1/s
     # cannot be folded into it; o_proj is then rounded plainly (as AutoAWQ does).
     if v.out_features == o.in_features:
-        groups.append(ScaleGroup(f"{prefix}.self_attn.o_proj", v, (o,)))
+        groups.append(ScaleGroup(f"{prefix}.self_attn.o_proj", v, (o,), (o,)))
     return groups
 
 
@@ -158,7 +166,7 @@ def search_and_apply(
             best_ratio, best_error, best_scales = ratio, error, scales
     if best_ratio > 0:
         apply_scales(group, best_scales)
-    return SearchResult(group.key, best_ratio, rtn_error, best_error)
+    return SearchResult(group.key, best_ratio, rtn_error, best_error, best_scales)
 
 
 def apply_scales(group: ScaleGroup, scales: torch.Tensor) -> None:

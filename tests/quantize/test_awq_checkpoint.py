@@ -92,6 +92,7 @@ def test_build_is_cached_by_fingerprint(small_qwen3: Path, tmp_path: Path) -> No
     )
     info = read_build_info(first)
     assert info is not None and info["awq_error"] <= info["rtn_error"]
+    assert info["clip_error_after"] <= info["clip_error_before"]
     stamp = (out / "model.safetensors").stat().st_mtime_ns
     ensure_awq_model(small_qwen3, out, params=QUICK, texts=TEXT, progress=Progress(quiet=True))
     assert (out / "model.safetensors").stat().st_mtime_ns == stamp
