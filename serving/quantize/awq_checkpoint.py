@@ -1,8 +1,8 @@
 """Turn a Qwen2/Qwen3 dense checkpoint into an AWQ 4-bit checkpoint that vLLM serves.
 
 Steps: tokenize calibration text with the model's own tokenizer; run it through the model
-once, recording each linear group's inputs; search and fold AWQ scales (awq_search); round
-every decoder linear layer to 4 bits with zero points in groups of `group_size` input
+once, recording each linear group's inputs; search and fold AWQ scales (awq_search); search
+each group's clipping range (awq_clip); round every decoder linear layer to 4 bits with zero points in groups of `group_size` input
 channels and write it in the AutoAWQ GEMM layout (awq_math); keep embeddings, norms and the
 LM head in the source dtype; copy the tokenizer and configs, adding `quantization_config`.
 
