@@ -2,9 +2,10 @@
 
 Steps: tokenize calibration text with the model's own tokenizer; run it through the model
 once, recording each linear group's inputs; search and fold AWQ scales (awq_search); search
-each group's clipping range (awq_clip); round every decoder linear layer to 4 bits with zero points in groups of `group_size` input
-channels and write it in the AutoAWQ GEMM layout (awq_math); keep embeddings, norms and the
-LM head in the source dtype; copy the tokenizer and configs, adding `quantization_config`.
+each group's clipping range (awq_clip); round every decoder linear layer to 4 bits with zero
+points in groups of `group_size` input channels and write it in the AutoAWQ GEMM layout
+(awq_math); keep embeddings, norms and the LM head in the source dtype; copy the tokenizer
+and configs, adding `quantization_config`.
 
 The whole model is loaded in float32 on the CPU: right for the tiny model and for a 7B on a
 large host; a 27B wants a GPU machine and a maintained tool (llm-compressor, AutoAWQ).
