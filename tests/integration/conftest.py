@@ -13,7 +13,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -107,6 +107,23 @@ def engine_process(
         _, alive = psutil.wait_procs(children, timeout=30)
     assert code == 0
     assert not alive, f"workers left behind: {alive}"
+
+
+def eventually(check: Callable[[], bool], budget_s: float = 10, poll_s: float = 0.25) -> None:
+    """Poll `check` until it holds, failing after `budget_s` seconds of this process running.
+
+    On a shared 2-core machine under full vLLM decode load, every process (this one, the
+    gateway, an idle probe) is sometimes not scheduled for over 10 s (measured while writing
+    this). A poll that overslept by more than a second was such a stall, which held up the
+    gateway too; it is not charged to the budget, so the check measures the stack's own delay.
+    """
+    spent = 0.0
+    while not check():
+        assert spent < budget_s, f"condition not reached within {budget_s:.0f}s"
+        before = time.monotonic()
+        time.sleep(poll_s)
+        slept = time.monotonic() - before
+        spent += slept if slept < poll_s + 1.0 else poll_s
 
 
 def read_tokens(stream: Iterable[Any], count: int = 3) -> int:

@@ -13,7 +13,6 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -22,7 +21,7 @@ import pytest
 from openai.types.chat import ChatCompletionMessageParam
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.integration.conftest import MODEL, REPO, Stack, read_tokens, serving_env
+from tests.integration.conftest import MODEL, REPO, Stack, eventually, read_tokens, serving_env
 from tests.integration.test_disconnect import running_requests
 
 LONG: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Tell me a long story."}]
@@ -64,18 +63,14 @@ def gauge(stack: Stack, name: str) -> float:
     return gateway_metrics(stack).get((name, frozenset()), 0.0)
 
 
-def eventually(check: Callable[[], bool], timeout: float = 10) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.1)
-
-
 def idle(stack: Stack) -> bool:
+    if running_requests(stack.engine_url) != 0:
+        return False
+    metrics = gateway_metrics(stack)  # one scrape for both gauges
+    no_labels: frozenset[tuple[str, str]] = frozenset()
     return (
-        running_requests(stack.engine_url) == 0
-        and gauge(stack, "gateway_in_flight_requests") == 0
-        and gauge(stack, "gateway_quota_leases") == 0
+        metrics.get(("gateway_in_flight_requests", no_labels), 0.0) == 0
+        and metrics.get(("gateway_quota_leases", no_labels), 0.0) == 0
     )
 
 
