@@ -128,6 +128,7 @@ def quantize_checkpoint(
 
     config = read_config(src)
     check_shapes(config, params.group_size)
+    source_dtype = _source_dtype(config)
     torch.set_num_threads(params.num_threads)
     emit(f"AWQ: loading {src}")
     disable_progress_bar()  # type: ignore[no-untyped-call]  # our status line reports progress
@@ -155,7 +156,6 @@ def quantize_checkpoint(
                 clip_before, clip_after = clip_before + before, clip_after + after
             emit(f"AWQ: clipping search {number}/{len(groups)}")
     emit("AWQ: packing 4-bit weights")
-    source_dtype = getattr(torch, str(config.get("torch_dtype") or "bfloat16"))
     tensors: dict[str, Any] = {}
     quantized = {f"model.layers.{i}.{name}" for i in range(len(layers)) for name in LINEARS}
     for name, tensor in model.state_dict().items():
@@ -185,6 +185,17 @@ def quantize_checkpoint(
         "clip_error_after": clip_after,
         "calibration_tokens": len(batches) * params.seq_len,
     }
+
+
+def _source_dtype(config: dict[str, Any]) -> Any:
+    """The checkpoint's 16/32-bit dtype (`torch_dtype`, or `dtype` in newer configs)."""
+    import torch
+
+    name = str(config.get("torch_dtype") or config.get("dtype") or "bfloat16")
+    dtypes = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+    if name not in dtypes:
+        raise ServingError(f"config.json torch_dtype {name!r}: expected one of {', '.join(dtypes)}")
+    return dtypes[name]
 
 
 def quantization_config(params: AwqParams) -> dict[str, Any]:

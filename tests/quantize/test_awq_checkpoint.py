@@ -124,7 +124,23 @@ def test_unsupported_sources_get_one_line_errors(
         ServingError, match="intermediate_size=352: not a multiple of group size 64"
     ):
         quantize_checkpoint(odd, out, AwqParams(group_size=64), TEXT, lambda _: None)
+    (odd / "config.json").write_text(json.dumps({**config, "torch_dtype": "int8"}))
+    with pytest.raises(ServingError, match="torch_dtype 'int8': expected one of bfloat16"):
+        quantize_checkpoint(odd, out, QUICK, TEXT, lambda _: None)
     with pytest.raises(ServingError, match=r"calibration text is \d+ tokens"):
         quantize_checkpoint(small_qwen3, out, QUICK, ["too short"], lambda _: None)
     with pytest.raises(ServingError, match="group_size=100"):
         AwqParams(group_size=100)
+
+
+def test_newer_dtype_key_is_honoured(small_qwen3: Path, tmp_path: Path) -> None:
+    source = tmp_path / "fp16-source"
+    shutil.copytree(small_qwen3, source)
+    config = json.loads((source / "config.json").read_text())
+    del config["torch_dtype"]
+    (source / "config.json").write_text(json.dumps({**config, "dtype": "float16"}))
+    out = tmp_path / "out"
+    out.mkdir()
+    quantize_checkpoint(source, out, QUICK, TEXT, lambda _: None)
+    tensors = load_file(str(out / "model.safetensors"))
+    assert tensors["model.embed_tokens.weight"].dtype == torch.float16
