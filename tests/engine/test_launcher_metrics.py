@@ -20,7 +20,8 @@ from serving.engine.process import EngineProcess
 from serving.engine.supervisor import RestartPolicy, Supervisor
 from serving.errors import ServingError
 from serving.profiles import load_profile
-from tests.engine.test_supervisor import FAKE, free_port
+from tests.engine.test_supervisor import FAKE
+from tests.ports import free_port
 
 
 def scrape(port: int) -> dict[str, float]:

@@ -10,7 +10,8 @@ from pathlib import Path
 from serving.engine.flags import EngineCommand
 from serving.engine.load_stats import LoadMonitor, LoadStats, tree_memory
 from serving.engine.process import EngineProcess
-from tests.engine.test_supervisor import FAKE, free_port
+from tests.engine.test_supervisor import FAKE
+from tests.ports import free_port
 
 MiB = 2**20
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import sys
 import threading
 import time
@@ -16,14 +15,9 @@ from serving.engine.flags import EngineCommand
 from serving.engine.process import EngineProcess
 from serving.engine.supervisor import RestartPolicy, Supervisor
 from serving.errors import ServingError
+from tests.ports import free_port
 
 FAKE = str(Path(__file__).with_name("fake_engine.py"))
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def fake_process(tmp_path: Path, port: int, *extra: str) -> EngineProcess:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ import pytest
 from openai import OpenAI
 
 from serving.engine.process import http_ok
+from tests.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 TEST_KEY = "sk-test-integration-0123456789abcdef"
@@ -35,12 +35,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if here in Path(str(item.fspath)).parents:
             item.add_marker(pytest.mark.integration)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def serving_env(**extra: str) -> dict[str, str]:

@@ -22,8 +22,9 @@ from serving.planner import get_gpu, plan_for, resolve_model
 from serving.planner.command import profile_settings
 from serving.profiles import load_profile
 from serving.quantize.awq_build import ensure_tiny_awq_model
-from tests.integration.conftest import MODEL, Stack, engine_process, free_port
-from tests.integration.test_planner_ground_truth import tensor_bytes
+from tests.integration.conftest import MODEL, Stack, engine_process
+from tests.ports import free_port
+from tests.safetensors_bytes import model_tensor_bytes
 
 AWQ_MODEL = "qwen3-tiny-awq"
 PROMPTS = [
@@ -121,7 +122,7 @@ def test_planner_weight_bytes_equal_the_awq_files() -> None:
         get_gpu("cpu"),
         profile_settings(load_profile("cpu-tiny-awq")),
     )
-    on_disk = sum(tensor_bytes(path) for path in model_dir.glob("*.safetensors"))
+    on_disk = model_tensor_bytes(model_dir)
     assert plan.weights.total == on_disk
-    bf16 = sum(tensor_bytes(path) for path in Path(ensure_tiny_model()).glob("*.safetensors"))
+    bf16 = model_tensor_bytes(Path(ensure_tiny_model()))
     assert on_disk < 0.5 * bf16  # 4-bit linears; the 1 MiB embedding stays bf16

@@ -8,8 +8,6 @@ planner's, on an AVX2-only CPU (like the development machines) vLLM must refuse 
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from serving.engine.launch import build_supervisor
@@ -18,14 +16,10 @@ from serving.errors import ServingError
 from serving.models.tiny_model import ensure_tiny_model
 from serving.planner import get_gpu, plan_for, resolve_model
 from serving.planner.command import profile_settings
+from serving.planner.host_cpu import fp8_kv_supported
 from serving.profiles import load_profile
-from tests.integration.conftest import free_port
 from tests.integration.planner_truth import vllm_cache_info
-
-
-def cpu_has_avx512() -> bool:
-    flags = Path("/proc/cpuinfo").read_text()
-    return " avx512f" in flags or " amx_bf16" in flags
+from tests.ports import free_port
 
 
 def test_fp8_kv_cache_capacity_matches_vllm_or_is_refused_without_avx512() -> None:
@@ -39,7 +33,7 @@ def test_fp8_kv_cache_capacity_matches_vllm_or_is_refused_without_avx512() -> No
     supervisor = build_supervisor(
         profile, host="127.0.0.1", port=port, policy=RestartPolicy(start_timeout_s=600)
     )
-    if not cpu_has_avx512():
+    if not fp8_kv_supported():
         with pytest.raises(ServingError, match="AVX-512"):
             supervisor.start()
         supervisor.stop()

@@ -5,8 +5,9 @@ from __future__ import annotations
 from openai import OpenAI
 
 from serving.models.tiny_model import ensure_tiny_model
-from tests.integration.conftest import MODEL, descendants, engine_process, free_port
+from tests.integration.conftest import MODEL, descendants, engine_process
 from tests.integration.planner_truth import planned_capacity, vllm_cache_info
+from tests.ports import free_port
 
 
 def test_tp2_engine_answers_and_stops_cleanly() -> None:

@@ -17,6 +17,7 @@ from serving.planner.settings import PlanSettings
 from serving.quantize.awq_build import ensure_awq_model
 from serving.quantize.awq_checkpoint import AwqParams, quantize_checkpoint
 from serving.quantize.awq_math import AwqTensors, dequantize
+from tests.safetensors_bytes import model_tensor_bytes
 
 QUICK = AwqParams(samples=4, seq_len=64, max_rows=256)
 TEXT = ["The river ran past the old mill and the morning was quiet. " * 40]
@@ -67,14 +68,6 @@ def test_dequantized_weights_stay_near_the_source(small_qwen3: Path, quantized: 
     assert relative < 0.15, relative
 
 
-def tensor_bytes(model_dir: Path) -> int:
-    """The safetensors file minus its header: the bytes of every tensor."""
-    path = model_dir / "model.safetensors"
-    with path.open("rb") as handle:
-        header = int.from_bytes(handle.read(8), "little")
-    return path.stat().st_size - 8 - header
-
-
 def planned_weight_bytes(model_dir: Path) -> int:
     # No quantization given: the planner must read it from the checkpoint's config.json.
     settings = PlanSettings(dtype="bfloat16", max_model_len=256, kv_space_gib=1.0)
@@ -82,7 +75,7 @@ def planned_weight_bytes(model_dir: Path) -> int:
 
 
 def test_planner_weight_bytes_equal_the_awq_files(quantized: Path) -> None:
-    assert planned_weight_bytes(quantized) == tensor_bytes(quantized)
+    assert planned_weight_bytes(quantized) == model_tensor_bytes(quantized)
 
 
 def test_build_is_cached_by_fingerprint(small_qwen3: Path, tmp_path: Path) -> None:
@@ -99,7 +92,7 @@ def test_build_is_cached_by_fingerprint(small_qwen3: Path, tmp_path: Path) -> No
     other = AwqParams(group_size=64, samples=4, seq_len=64, max_rows=256)
     ensure_awq_model(small_qwen3, out, params=other, texts=TEXT, progress=Progress(quiet=True))
     assert json.loads((out / "config.json").read_text())["quantization_config"]["group_size"] == 64
-    assert planned_weight_bytes(out) == tensor_bytes(out)  # smaller groups: more scales
+    assert planned_weight_bytes(out) == model_tensor_bytes(out)  # smaller groups: more scales
 
 
 def test_unsupported_sources_get_one_line_errors(
