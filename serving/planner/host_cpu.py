@@ -9,12 +9,14 @@ Usage: `if not fp8_kv_supported(): ...`; `cpu_flags(Path("/proc/cpuinfo"))` in t
 
 from __future__ import annotations
 
+from functools import cache
 from pathlib import Path
 
 CPUINFO = Path("/proc/cpuinfo")
 FP8_KV_FLAGS = ("avx512f", "amx_bf16", "amx_tile")
 
 
+@cache  # read once per process: a suggestion search evaluates many plans
 def cpu_flags(cpuinfo: Path = CPUINFO) -> frozenset[str]:
     """The first processor's feature flags; empty where /proc/cpuinfo cannot be read."""
     try:
