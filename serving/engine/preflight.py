@@ -1,17 +1,74 @@
-"""Plan a profile's memory before starting vLLM, and refuse one that cannot fit.
+"""Check a profile against this host and plan its memory before starting vLLM.
 
-Starting a 7B engine only to have it die of OOM minutes later is the failure users came to us
-to avoid: the planner answers in milliseconds, so it runs first.
+Starting a 7B engine only to have it die minutes later (no GPUs, weights that cannot be
+downloaded, OOM) is the failure users came to us to avoid. Each check here answers in
+milliseconds from local facts, with no network and no GPU library, and runs in the order a
+user on the wrong machine needs to hear them: GPUs, then weights, then memory.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
 
+from serving.engine.hf_cache import (
+    cached_checkpoint,
+    hub_cache_dir,
+    hub_offline,
+    is_hub_name,
+    repo_cache_dir,
+)
+from serving.engine.visible_gpus import OVERRIDE_ENV, VisibleGpus, visible_gpus
 from serving.errors import ServingError
 from serving.planner import Plan, get_gpu, plan_for, resolve_model
 from serving.planner.command import profile_settings
 from serving.profiles.model import Profile
+
+Warn = Callable[[str], None]
+GpuCounter = Callable[[Mapping[str, str]], VisibleGpus]
+
+
+def engine_env(profile: Profile) -> dict[str, str]:
+    """The environment vLLM will run in: a profile's `env` may set CUDA_VISIBLE_DEVICES or
+    HF_HUB_OFFLINE, and those are what vLLM obeys."""
+    return {**os.environ, **profile.env}
+
+
+def check_gpus(profile: Profile, env: Mapping[str, str], gpus: GpuCounter = visible_gpus) -> None:
+    """Raise if vLLM would see fewer GPUs than the profile's tensor-parallel ranks."""
+    if profile.device != "gpu":
+        return
+    # vLLM puts one tensor-parallel rank on each GPU; gpu_count beyond that describes the
+    # machine (replicas) and is not needed to start this one engine.
+    wanted = profile.tensor_parallel_size
+    found = gpus(env)
+    if found.count >= wanted:
+        return
+    raise ServingError(
+        f"profile {profile.name} wants {wanted} GPU{'s' if wanted > 1 else ''} "
+        f"(tensor_parallel_size {wanted}) but {found.count} "
+        f"{'is' if found.count == 1 else 'are'} visible ({found.source}); "
+        f"set {OVERRIDE_ENV}=N if that count is wrong"
+    )
+
+
+def check_weights(model_path: str, env: Mapping[str, str], warn: Warn = print) -> None:
+    """Raise if a hub checkpoint is not cached and the hub is off; note it if merely uncached."""
+    if Path(model_path).expanduser().exists() or not is_hub_name(model_path):
+        return
+    cache = hub_cache_dir(env)
+    if cached_checkpoint(model_path, cache) is not None:
+        return
+    where = repo_cache_dir(model_path, cache)
+    if hub_offline(env):
+        raise ServingError(
+            f"weights for {model_path} are not in the local Hugging Face cache (looked in "
+            f"{where}) and HF_HUB_OFFLINE is set; download them with `hf download "
+            f"{model_path}` or point the profile's model at a local directory"
+        )
+    # No network call here: asking the hub could itself hang for the timeout this avoids.
+    warn(f"preflight: {model_path} is not in the local cache ({where}); vLLM will download it")
 
 
 def plan_profile(profile: Profile, model_path: str) -> Plan | None:
@@ -25,9 +82,18 @@ def plan_profile(profile: Profile, model_path: str) -> Plan | None:
 
 
 def preflight(
-    profile: Profile, model_path: str, warn: Callable[[str], None] = print
+    profile: Profile,
+    model_path: str,
+    warn: Warn = print,
+    *,
+    env: Mapping[str, str] | None = None,
+    gpus: GpuCounter = visible_gpus,
 ) -> Plan | None:
-    """Raise a one-line ServingError naming why `profile` cannot fit; None if not plannable."""
+    """Raise a one-line ServingError naming why `profile` cannot start here; None if the
+    memory is not plannable. `env` defaults to the engine's; `gpus` counts visible GPUs."""
+    env = engine_env(profile) if env is None else env
+    check_gpus(profile, env, gpus)
+    check_weights(model_path, env, warn)
     plan = plan_profile(profile, model_path)
     if plan is None:
         warn(f"planner: no spec for {profile.model}; memory not checked before start")
