@@ -61,13 +61,15 @@ def test_locust_run_through_the_gateway_matches_the_engine_counters(
     assert summary["prompt_tokens"] == after[PROMPT_TOKENS] - before[PROMPT_TOKENS]
     # Sized in the model's own tokens (a BPE merge at a window's edge may shift one or two).
     assert abs(summary["prompt_tokens"] - REQUESTS * 64) <= 2 * REQUESTS
-    # Sane timings: positive, ordered, and the report saw the engine working.
+    # Sane timings: positive, ordered, and the report saw the engine working: a counter's
+    # increase between the first scrape (before Locust starts) and the last (after it
+    # ended), never a gauge that a sub-second run can finish between two scrapes.
     ttft, itl, e2e = summary["ttft"], summary["itl"], summary["e2e"]
     assert 0 < ttft["p50_ms"] <= ttft["p99_ms"] < 120_000
     assert 0 < itl["p50_ms"] < 10_000 and REQUESTS * 31 <= itl["count"] <= REQUESTS * 33
     assert e2e["mean_ms"] > ttft["mean_ms"]
     assert summary["output_tokens_per_s"] > 0
-    assert report["engine"]["scrapes"] >= 2 and report["engine"]["running_max"] >= 1
+    assert report["engine"]["scrapes"] >= 2 and report["engine"]["generation_tokens"] > 0
     assert report["engine"]["kv_cache_usage_max"] is not None
     entries = json.loads((tmp_path / "run" / "locust-stats.json").read_text())
     counts = {(e["method"], e["name"]): e["num_requests"] for e in entries}

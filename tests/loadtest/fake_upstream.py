@@ -44,6 +44,8 @@ class FakeState:
     requests: int = 0
     preemptions: int = 0
     bodies: list[dict[str, Any]] = field(default_factory=list)
+    running_served: list[int] = field(default_factory=list)
+    """The running gauge as served to each engine scrape (not `?source=gateway` ones)."""
 
 
 def count_prompt_tokens(body: dict[str, Any]) -> int:
@@ -111,8 +113,10 @@ def build_app(config: FakeConfig, state: FakeState) -> web.Application:
             state.running -= 1
         return response
 
-    async def metrics(_: web.Request) -> web.Response:
+    async def metrics(request: web.Request) -> web.Response:
         label = f'{{model_name="{MODEL}",engine="0"}}'
+        if request.query.get("source") != "gateway":
+            state.running_served.append(state.running)
         lines = [
             "# TYPE vllm:num_requests_running gauge",
             f"vllm:num_requests_running{label} {state.running}",
