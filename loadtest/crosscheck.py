@@ -14,6 +14,7 @@ Usage: `result = run_crosscheck(plan, base_url=..., concurrency=4, num_prompts=6
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -27,6 +28,7 @@ from loadtest.plan import Plan
 from loadtest.prompts import generate_prompts, load_tokenizer, write_prompts
 from loadtest.report import write_report
 from loadtest.runner import LocustRun, run_locust
+from serving.engine.flags import BenchServe, bench_serve_args
 
 TOLERANCE = 0.10
 # Below this mean TTFT a 10% gap is a fraction of a millisecond: timer and scheduling noise.
@@ -75,40 +77,26 @@ class CrosscheckResult:
 def vllm_bench_command(
     *, base_url: str, plan: Plan, prompts: Path, concurrency: int, num_prompts: int, result: Path
 ) -> list[str]:
-    args = [
-        "--backend",
-        "openai-chat",
-        "--base-url",
-        base_url.rstrip("/"),
-        "--endpoint",
-        "/v1/chat/completions",
-        "--model",
-        plan.model,
-        "--served-model-name",
-        plan.model,
-        "--tokenizer",
-        plan.tokenizer,
-        "--dataset-name",
-        "custom",
-        "--dataset-path",
-        str(prompts),
-        "--custom-output-len",
-        "-1",
-        "--skip-chat-template",
-        "--num-prompts",
-        str(num_prompts),
-        "--max-concurrency",
-        str(concurrency),
-        "--request-rate",
-        "inf",
-        "--temperature",
-        "0",
-        "--disable-tqdm",
-        "--percentile-metrics",
-        "ttft,tpot,itl,e2el",
-    ]
-    if all(s.ignore_eos for s in plan.workload.scenarios):
-        args.append("--ignore-eos")
+    bench = BenchServe(
+        backend="openai-chat",
+        base_url=base_url.rstrip("/"),
+        endpoint="/v1/chat/completions",
+        model=plan.model,
+        served_model_name=plan.model,
+        tokenizer=plan.tokenizer,
+        dataset_name="custom",
+        dataset_path=str(prompts),
+        custom_output_len=-1,  # each prompt's own output length
+        skip_chat_template=True,
+        num_prompts=num_prompts,
+        max_concurrency=concurrency,
+        request_rate=math.inf,
+        temperature=0.0,
+        disable_tqdm=True,
+        percentile_metrics="ttft,tpot,itl,e2el",
+        ignore_eos=all(s.ignore_eos for s in plan.workload.scenarios),
+    )
+    args = bench_serve_args(bench)
     return [sys.executable, "-m", "loadtest.vllm_bench", "--json-out", str(result), "--", *args]
 
 

@@ -14,7 +14,8 @@ A 200 whose stream carries an error event, lacks usage or `[DONE]`, or (with ign
 has the wrong number of tokens is a failure.
 
 Users are closed-loop (no wait time): N users keep N requests in flight, like vLLM's
-benchmark with `--max-concurrency N --request-rate inf`.
+benchmark client at a maximum concurrency of N and an infinite request rate (the cross-check's
+`BenchServe(max_concurrency=N, request_rate=math.inf)`).
 """
 
 from __future__ import annotations

@@ -43,6 +43,9 @@ def ensure_installed(venv: Path, *, log: Path) -> Path:
         [sys.executable, "-m", "venv", "--clear", str(venv)],
         [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", LITELLM_REQUIREMENT],
     )
+    # A fresh clone has no bench/.venvs yet (it is git-ignored).
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("ab") as out:
         for step in steps:
             try:

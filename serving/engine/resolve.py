@@ -26,7 +26,7 @@ BUILTIN_MODELS: dict[str, Callable[[], Path]] = {"qwen3-tiny": _tiny, "qwen3-tin
 
 
 def resolve_model(profile: Profile) -> str:
-    """A local directory or hub name to pass to vLLM's `--model`."""
+    """A local directory or hub name for vLLM to serve (its `model` argument)."""
     name = profile.builtin_model
     if name is None:
         local = Path(profile.model).expanduser()

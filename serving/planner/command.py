@@ -1,9 +1,11 @@
 """`serving plan`: will this model fit on these GPUs, at what context, with how many sequences.
 
-    serving plan --model Qwen2.5-7B-Instruct --gpu rtx-4090 --gpus 4 --tp 4 --max-model-len 32768
+    serving plan --model Qwen2.5-7B-Instruct --gpu rtx-4090 --gpus 4 --tp 4
     serving plan --profile qwen3.5-9b-128k-tp4 --json
 
-Flags override the values of a `--profile`. Pure arithmetic: no torch, no vLLM.
+Flags override the values of a `--profile`; the engine settings take vLLM's flag names (from
+`serving.engine.flags`, so the cheapest change reads as vLLM would take it). Pure arithmetic:
+no torch, no vLLM.
 """
 
 from __future__ import annotations
@@ -11,8 +13,9 @@ from __future__ import annotations
 import argparse
 import json
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from serving.engine.flags import engine_flag
 from serving.errors import ServingError
 from serving.paths import models_dir
 from serving.planner.catalog import names_awq, resolve_model
@@ -26,6 +29,11 @@ if TYPE_CHECKING:
 
 DEFAULT_GPU = "rtx-4090"
 BUILTIN_PREFIX = "builtin:"
+
+
+def _engine_argument(parser: argparse.ArgumentParser, name: str, **kwargs: Any) -> None:
+    """A flag for the PlanSettings field `name`, spelled as vLLM spells it."""
+    parser.add_argument(engine_flag(name), dest=name, **kwargs)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -43,24 +51,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="total GPU memory as vLLM reports it (overrides the GPU table)",
     )
     parser.add_argument("--tp", type=int, help="tensor parallel size (default 1)")
-    parser.add_argument("--dtype", help="auto, float16, bfloat16 (default auto)")
-    parser.add_argument("--quantization", help="none or awq (default none)")
-    parser.add_argument("--kv-cache-dtype", help="auto, float16, bfloat16, fp8, fp8_e4m3, fp8_e5m2")
-    parser.add_argument("--max-model-len", type=int, help="context length (default: the model's)")
-    parser.add_argument("--gpu-memory-utilization", type=float, help="fraction (default 0.9)")
-    parser.add_argument("--max-num-seqs", type=int, help="default: vLLM's for the device")
-    parser.add_argument("--max-num-batched-tokens", type=int, help="default: vLLM's for the device")
+    _engine_argument(parser, "dtype", help="auto, float16, bfloat16 (default auto)")
+    _engine_argument(parser, "quantization", help="none or awq (default none)")
+    _engine_argument(
+        parser, "kv_cache_dtype", help="auto, float16, bfloat16, fp8, fp8_e4m3, fp8_e5m2"
+    )
+    _engine_argument(
+        parser, "max_model_len", type=int, help="context length (default: the model's)"
+    )
+    _engine_argument(parser, "gpu_memory_utilization", type=float, help="fraction (default 0.9)")
+    _engine_argument(parser, "max_num_seqs", type=int, help="default: vLLM's for the device")
+    _engine_argument(
+        parser, "max_num_batched_tokens", type=int, help="default: vLLM's for the device"
+    )
     parser.add_argument("--kv-space-gib", type=float, help="CPU engine KV space (default 4)")
-    parser.add_argument("--block-size", type=int, help="KV block size (default 16 GPU, 128 CPU)")
+    _engine_argument(parser, "block_size", type=int, help="KV block size (default 16 GPU, 128 CPU)")
     parser.add_argument(
         "--no-prefix-caching",
         action="store_true",
         help="plan with prefix caching off (hybrid models keep fewer states)",
     )
-    parser.add_argument(
-        "--language-model-only",
+    language_model_only = engine_flag("language_model_only")
+    _engine_argument(
+        parser,
+        "language_model_only",
         action="store_true",
-        help="plan without the vision encoder (vLLM --language-model-only)",
+        help=f"plan without the vision encoder (vLLM {language_model_only})",
     )
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
 

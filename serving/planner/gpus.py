@@ -1,7 +1,7 @@
 """Accelerators the planner knows: memory vLLM sees and memory bandwidth.
 
 `memory_bytes` is the device total as CUDA reports it (`cudaMemGetInfo`, what vLLM multiplies
-by `--gpu-memory-utilization`): a little below the marketing size because the driver keeps
+by `gpu_memory_utilization`): a little below the marketing size because the driver keeps
 some. The figures are approximate; `--gpu-memory-gib` replaces them with the total vLLM logs
 ("Free memory on device (x/TOTAL GiB)"). The `cpu` pseudo-device has no memory of its own
 here: vLLM's CPU engine gets a fixed KV cache space (`VLLM_CPU_KVCACHE_SPACE`, GiB).

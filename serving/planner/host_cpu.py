@@ -12,6 +12,8 @@ from __future__ import annotations
 from functools import cache
 from pathlib import Path
 
+from serving.engine.flags import engine_flag
+
 CPUINFO = Path("/proc/cpuinfo")
 FP8_KV_FLAGS = ("avx512f", "amx_bf16", "amx_tile")
 
@@ -50,5 +52,5 @@ def fp8_kv_warning(cpuinfo: Path = CPUINFO) -> str | None:
         )
     return (
         "fp8 KV cache on vLLM's CPU engine needs AVX-512 or AMX; this CPU has neither "
-        "(AVX2 only), so vLLM will refuse to start: use --kv-cache-dtype auto here"
+        f"(AVX2 only), so vLLM will refuse to start: use {engine_flag('kv_cache_dtype')} auto here"
     )

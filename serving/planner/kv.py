@@ -23,7 +23,7 @@ from serving.planner.models import ModelSpec
 from serving.planner.weights import cdiv, kv_heads_per_gpu
 
 GPU_BLOCK_SIZE = 16  # vLLM CacheConfig.DEFAULT_BLOCK_SIZE (CUDA attention backends)
-CPU_BLOCK_SIZE = 128  # vllm/platforms/cpu.py: block_size = 128 unless --block-size is given
+CPU_BLOCK_SIZE = 128  # vllm/platforms/cpu.py: block_size = 128 unless block_size is set
 GPU_KERNEL_BLOCK = 16  # smallest kernel block of FlashAttention/FlashInfer/Triton (MultipleOf(16))
 CPU_KERNEL_BLOCK = 32  # vllm/v1/attention/backends/cpu_attn.py: MultipleOf(32)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from serving.engine.flags import engine_flag
 from serving.errors import ServingError
 
 MODEL_DTYPES: dict[str, int] = {
@@ -31,8 +32,9 @@ def model_dtype_bytes(dtype: str, config_dtype: str) -> int:
     if dtype == "auto":
         return 2 if MODEL_DTYPES.get(config_dtype, 2) == 4 else MODEL_DTYPES.get(config_dtype, 2)
     if dtype not in MODEL_DTYPES:
+        known = ", ".join(MODEL_DTYPES)
         raise ServingError(
-            f"--dtype: unknown dtype {dtype!r} (known: auto, {', '.join(MODEL_DTYPES)})"
+            f"{engine_flag('dtype')}: unknown dtype {dtype!r} (known: auto, {known})"
         )
     return MODEL_DTYPES[dtype]
 
@@ -41,7 +43,8 @@ def kv_dtype_bytes(kv_cache_dtype: str, model_bytes: int) -> int:
     """Bytes per cached K or V value."""
     if kv_cache_dtype not in KV_CACHE_DTYPES:
         known = ", ".join(KV_CACHE_DTYPES)
-        raise ServingError(f"--kv-cache-dtype: unknown {kv_cache_dtype!r} (known: {known})")
+        flag = engine_flag("kv_cache_dtype")
+        raise ServingError(f"{flag}: unknown {kv_cache_dtype!r} (known: {known})")
     size = KV_CACHE_DTYPES[kv_cache_dtype]
     return model_bytes if size is None else size
 
@@ -52,6 +55,7 @@ def is_fp8(kv_cache_dtype: str) -> bool:
 
 def check_quantization(quantization: str) -> None:
     if quantization not in QUANTIZATIONS:
+        known = ", ".join(QUANTIZATIONS)
         raise ServingError(
-            f"--quantization: unknown {quantization!r} (known: {', '.join(QUANTIZATIONS)})"
+            f"{engine_flag('quantization')}: unknown {quantization!r} (known: {known})"
         )

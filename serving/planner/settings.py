@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from serving.engine.flags import engine_flag
 from serving.errors import ServingError
 from serving.planner.gpus import GiB, GpuSpec
 from serving.planner.kv import CPU_BLOCK_SIZE, GPU_BLOCK_SIZE
@@ -37,7 +38,7 @@ class PlanSettings:
     block_size: int | None = None
     prefix_caching: bool = True
     enforce_eager: bool = False  # no CUDA graphs, so no graph memory
-    language_model_only: bool = False  # vLLM --language-model-only: no vision encoder loaded
+    language_model_only: bool = False  # vLLM's language_model_only: no vision encoder loaded
 
 
 def _batch_defaults(gpu: GpuSpec, tp: int) -> tuple[int, int]:
@@ -83,18 +84,19 @@ def resolve(spec: ModelSpec, gpu: GpuSpec, settings: PlanSettings) -> PlanSettin
     if gpu_count < tp and not gpu.is_cpu:
         raise ServingError(f"--gpus: {gpu_count} GPUs cannot hold tensor parallelism {tp}")
     for value, flag in (
-        (settings.max_model_len, "--max-model-len"),
-        (settings.max_num_seqs, "--max-num-seqs"),
-        (settings.max_num_batched_tokens, "--max-num-batched-tokens"),
+        (settings.max_model_len, engine_flag("max_model_len")),
+        (settings.max_num_seqs, engine_flag("max_num_seqs")),
+        (settings.max_num_batched_tokens, engine_flag("max_num_batched_tokens")),
         (settings.kv_space_gib, "--kv-space-gib"),
-        (settings.block_size, "--block-size"),
+        (settings.block_size, engine_flag("block_size")),
         (settings.awq_group_size, "--awq-group-size"),
         (gpu_count, "--gpus"),
     ):
         _positive(value, flag)
     utilization = settings.gpu_memory_utilization
     if not 0 < utilization <= 1:
-        raise ServingError(f"--gpu-memory-utilization: must be in (0, 1], got {utilization}")
+        flag = engine_flag("gpu_memory_utilization")
+        raise ServingError(f"{flag}: must be in (0, 1], got {utilization}")
     model_dtype_bytes(settings.dtype, spec.dtype)
     kv_dtype_bytes(settings.kv_cache_dtype, 2)
     check_quantization(settings.quantization)

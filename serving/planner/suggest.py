@@ -12,6 +12,7 @@ import math
 from collections.abc import Iterator
 from dataclasses import replace
 
+from serving.engine.flags import engine_flag
 from serving.errors import ServingError
 from serving.planner.gpus import GpuSpec, larger_gpus
 from serving.planner.host_cpu import fp8_kv_supported
@@ -44,12 +45,14 @@ def candidate_changes(spec: ModelSpec, gpu: GpuSpec, settings: PlanSettings) -> 
     # On this host's CPU fp8 needs AVX-512/AMX: never suggest a change vLLM would refuse.
     fp8_runs = not gpu.is_cpu or fp8_kv_supported() is True
     if not is_fp8(settings.kv_cache_dtype) and fp8_runs:
-        yield "--kv-cache-dtype fp8", gpu, replace(settings, kv_cache_dtype="fp8")
+        change = f"{engine_flag('kv_cache_dtype')} fp8"
+        yield change, gpu, replace(settings, kv_cache_dtype="fp8")
     current = settings.max_model_len or spec.max_positions
     for length in _shorter_contexts(spec, current):
-        yield f"--max-model-len {length}", gpu, replace(settings, max_model_len=length)
+        change = f"{engine_flag('max_model_len')} {length}"
+        yield change, gpu, replace(settings, max_model_len=length)
     if settings.quantization == "none" and not gpu.is_cpu:
-        yield "--quantization awq", gpu, replace(settings, quantization="awq")
+        yield f"{engine_flag('quantization')} awq", gpu, replace(settings, quantization="awq")
     tp = settings.tensor_parallel_size
     more = [2**k for k in range(1, 5) if tp < 2**k <= MAX_TP]
     for new_tp in more:

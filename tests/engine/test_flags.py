@@ -1,15 +1,46 @@
-"""Every shipped profile renders to flags that vLLM's own parser and EngineArgs accept."""
+"""Every shipped profile renders to flags that vLLM's own parser and EngineArgs accept, every
+flag this module knows is one of vLLM's, and no other module spells one."""
 
 from __future__ import annotations
 
 import argparse
+import math
+import re
+from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 import pytest
 import vllm.entrypoints.launchers.cli_args as vllm_cli
 
-from serving.engine.flags import VLLM_SERVER_MODULE, engine_args, render
+from serving.engine import flags
+from serving.engine.flags import (
+    BENCH_FLAGS,
+    ENGINE_FLAGS,
+    VLLM_SERVER_MODULE,
+    BenchServe,
+    bench_serve_args,
+    engine_args,
+    engine_flag,
+    negated,
+    render,
+)
 from serving.profiles import Profile, load_all_profiles, load_profile
+
+REPO = Path(__file__).resolve().parents[2]
+SOURCE_DIRS = ("serving", "loadtest", "bench")
+FLAG = re.compile(r"(?<![\w-])--[a-z0-9][a-z0-9-]*")
+# Our own commands' flags that share a name with one of vLLM's but mean our own thing:
+# every server of ours takes --host/--port (loadtest's --host is the target URL); --model is a
+# catalog name (serving plan), a source checkpoint (serving model awq), the name to request
+# (loadtest); --tokenizer sizes loadtest's prompts.
+OURS_ANYWHERE = frozenset({"--host", "--port", "--model", "--tokenizer"})
+# ... and these only where named: a key's concurrency limit (`serving keys create`), the
+# cross-check's own prompt count.
+OURS_IN: dict[str, tuple[str, ...]] = {
+    "--max-concurrency": ("serving/gateway/", "bench/gateway_overhead/paths.py"),
+    "--num-prompts": ("loadtest/cli.py",),
+}
 
 
 def parse_with_vllm(args: list[str]) -> argparse.Namespace:
@@ -68,3 +99,105 @@ def test_tp2_profile_binds_one_core_per_rank() -> None:
     command = render(load_profile("cpu-tiny-tp2"), "/models/tiny")
     assert command.env["VLLM_CPU_OMP_THREADS_BIND"] == "0|1"
     assert "--distributed-executor-backend" in command.argv
+
+
+def test_every_engine_flag_is_one_vllms_server_takes() -> None:
+    profile = load_profile("cpu-tiny").model_copy(
+        update={
+            "device": "gpu",
+            "gpu": "rtx-4090",
+            "tokenizer": "tok",
+            "quantization": "awq",
+            "distributed_executor_backend": "mp",
+            "max_num_batched_tokens": 4096,
+            "block_size": 32,
+            "enforce_eager": True,
+            "cpu_offload_gb": 1.5,
+            "kv_offloading_size_gib": 2.0,
+        }
+    )
+    args = [*engine_args(profile, "m", host="127.0.0.1", port=8001)]
+    args.append(engine_flag("language_model_only"))
+    assert set(ENGINE_FLAGS.values()) <= set(args), "a flag in the table is never rendered here"
+    namespace = parse_with_vllm(args)
+    expected = {**profile.model_dump(), "model": "m", "language_model_only": True}
+    expected.update(host="127.0.0.1", port=8001, kv_offloading_size=2.0)
+    expected["served_model_name"] = [profile.served_model_name]  # vLLM's takes several
+    for name in ENGINE_FLAGS:
+        dest = "kv_offloading_size" if name == "kv_offloading_size_gib" else name
+        assert getattr(namespace, dest) == expected[dest], name
+
+
+def test_bench_args_are_what_vllm_bench_serve_parses() -> None:
+    from vllm.benchmarks.serve import add_cli_args
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    bench = BenchServe(
+        backend="openai-chat",
+        base_url="http://127.0.0.1:8001",
+        endpoint="/v1/chat/completions",
+        model="m",
+        served_model_name="served",
+        tokenizer="/tok",
+        dataset_name="custom",
+        dataset_path="/prompts.jsonl",
+        custom_output_len=-1,
+        skip_chat_template=True,
+        num_prompts=64,
+        max_concurrency=4,
+        request_rate=math.inf,
+        temperature=0.0,
+        disable_tqdm=True,
+        percentile_metrics="ttft,tpot,itl,e2el",
+        ignore_eos=True,
+    )
+    assert list(BENCH_FLAGS) == list(asdict(bench))
+    parser = FlexibleArgumentParser(prog="vllm bench serve")  # type: ignore[no-untyped-call]
+    add_cli_args(parser)
+    args = bench_serve_args(bench)
+    assert args[args.index("--temperature") + 1] == "0"
+    assert args[args.index("--request-rate") + 1] == "inf"
+    assert vars(parser.parse_args(args)).items() >= asdict(bench).items()
+    unset = bench_serve_args(BenchServe(**{**asdict(bench), "ignore_eos": False}))
+    assert unset == [a for a in args if a != "--ignore-eos"]
+
+
+def vllm_flags() -> set[str]:
+    """Every vLLM flag this module knows: its tables, and any flag literal in its source."""
+    source = Path(flags.__file__).read_text(encoding="utf-8")
+    literals = re.findall(r"""["'](--[a-z0-9][a-z0-9-]*[a-z0-9])["'\s]""", source)
+    known = {*ENGINE_FLAGS.values(), *BENCH_FLAGS.values(), *literals}
+    return known | {negated(flag) for flag in known}
+
+
+def spelled(text: str, known: set[str]) -> list[tuple[int, str]]:
+    """(line, flag) for each known flag `text` spells, in strings, comments or docstrings."""
+    return [
+        (number, flag)
+        for number, line in enumerate(text.splitlines(), start=1)
+        for flag in FLAG.findall(line)
+        if flag in known
+    ]
+
+
+def ours(flag: str, relative: str) -> bool:
+    return flag in OURS_ANYWHERE or any(relative.startswith(p) for p in OURS_IN.get(flag, ()))
+
+
+def test_no_other_module_spells_a_vllm_flag() -> None:
+    known = vllm_flags()
+    assert {"--max-model-len", "--no-enable-prefix-caching", "--request-rate"} <= known
+    assert spelled('f"--kv-cache-dtype fp8 --max-model-lens"', known) == [(1, "--kv-cache-dtype")]
+    found = []
+    for top in SOURCE_DIRS:
+        for path in sorted((REPO / top).rglob("*.py")):
+            if path.resolve() == Path(flags.__file__).resolve():
+                continue
+            relative = path.relative_to(REPO).as_posix()
+            for number, flag in spelled(path.read_text(encoding="utf-8"), known):
+                if not ours(flag, relative):
+                    found.append(f"{relative}:{number}: {flag}")
+    assert not found, (
+        "vLLM flag names belong to serving/engine/flags.py (engine_flag, bench_serve_args): "
+        + "; ".join(found)
+    )
