@@ -3,9 +3,13 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-# Everything the stack builds or records (models, logs, keys) stays inside the checkout.
-export SERVING_HOME ?= $(CURDIR)/var
+# Everything the stack builds or records (models, logs, keys) stays inside the checkout, in
+# ./var: serving/paths.py decides that for every `serving` command run from a checkout (and
+# honours SERVING_HOME when it is set), so `make up` and `.venv/bin/serving keys` agree.
 PROFILE ?= cpu-tiny
+# The stack's ports: `make up PORT=9000 ENGINE_PORT=9001` (the launcher's metrics: ENGINE_PORT+1).
+PORT ?= 8000
+ENGINE_PORT ?= 8001
 
 .PHONY: up test lint typecheck unit integration venv system-deps loadtest loadtest-crosscheck bench clean
 
@@ -30,7 +34,7 @@ $(STAMP): pyproject.toml Makefile
 	@touch $(STAMP)
 
 up: $(STAMP)
-	$(BIN)/serving up --profile $(PROFILE)
+	$(BIN)/serving up --profile $(PROFILE) --port $(PORT) --engine-port $(ENGINE_PORT)
 
 lint: $(STAMP)
 	$(BIN)/ruff check serving loadtest bench tests
@@ -49,8 +53,6 @@ test: lint typecheck $(SYSTEM_STAMP)
 	$(BIN)/python -m pytest -q -rfEs
 
 # Load tests run against the stack on $(PORT)/$(ENGINE_PORT), starting it when it is not up.
-PORT ?= 8000
-ENGINE_PORT ?= 8001
 LOADTEST_OUT ?= var/loadtest
 LOADTEST_ARGS ?= --workload short-chat --users 4 --duration 20s
 WITH_STACK := $(BIN)/python -m loadtest.with_stack --profile $(PROFILE) --port $(PORT) --engine-port $(ENGINE_PORT) --

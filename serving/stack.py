@@ -23,9 +23,10 @@ from serving.engine.command import (
 from serving.engine.load_stats import LoadStats
 from serving.engine.process import http_ok
 from serving.errors import ServingError
-from serving.paths import logs_dir, serving_home
+from serving.gateway.settings import API_KEY_ENV, split_dev_keys
+from serving.paths import dev_api_key_path, keys_db_path, logs_dir
 
-DEV_KEY_ENV = "SERVING_API_KEY"
+DEV_KEY_ENV = API_KEY_ENV
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -39,16 +40,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="PATH",
         help="key store the gateway uses, as written by `serving keys create --store PATH` "
-        "(default: $SERVING_HOME/keys.db)",
+        f"(default: {keys_db_path()}, where `serving keys` writes)",
     )
 
 
 def dev_api_key() -> str:
-    """The development key: $SERVING_API_KEY, else one generated once and kept (mode 0600)."""
-    configured = os.environ.get(DEV_KEY_ENV)
+    """The development key: the first in $SERVING_API_KEY, else one generated once and kept
+    (mode 0600) in the serving home."""
+    configured = split_dev_keys(os.environ.get(DEV_KEY_ENV, ""))
     if configured:
-        return configured
-    path = serving_home() / "dev-api-key"
+        return configured[0]
+    path = dev_api_key_path()
     if path.exists():
         return path.read_text(encoding="utf-8").strip()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -62,18 +64,21 @@ def dev_api_key() -> str:
 def start_gateway(
     upstream: str, host: str, port: int, api_key: str, keys_db: str | None = None
 ) -> subprocess.Popen[bytes]:
-    """The gateway in front of `upstream`: keys from `keys_db` (default $SERVING_HOME/keys.db,
-    managed with `serving keys`) plus the development key `api_key` (public id `dev`)."""
+    """The gateway in front of `upstream`: keys from `keys_db` (default `paths.keys_db_path()`,
+    managed with `serving keys`) plus the development key `api_key` (public id `dev`; the
+    keys of a configured SERVING_API_KEY all stay valid)."""
     log_path = logs_dir() / "gateway.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     argv = [sys.executable, "-m", "serving.cli", "gateway", "--upstream", upstream]
     argv += ["--host", host, "--port", str(port)]
-    argv += ["--keys-db", keys_db or str(serving_home() / "keys.db")]
+    argv += ["--keys-db", keys_db or str(keys_db_path())]
     # No load balancer watches /readyz here: stop at once on SIGTERM (in-flight requests
     # still finish).
     argv += ["--drain-delay", "0"]
     # The key travels in the environment, never on a command line that `ps` shows.
-    env = {**os.environ, DEV_KEY_ENV: api_key}
+    env = dict(os.environ)
+    if api_key not in split_dev_keys(env.get(DEV_KEY_ENV, "")):
+        env[DEV_KEY_ENV] = api_key
     with log_path.open("ab") as log:
         process = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 30

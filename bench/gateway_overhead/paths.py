@@ -39,7 +39,11 @@ LABELS = {
 }
 ALL_PATHS = tuple(LABELS)
 # Far above what the benchmark sends, so the quota engine runs but never refuses.
-BENCH_KEY_LIMITS = ("--rpm", "100000000", "--tpm", "100000000000", "--max-concurrency", "100000")
+BENCH_KEY_LIMITS = (
+    # every limit kind, so admission, settling and the budget journal all run per request
+    *("--rpm", "100000000", "--tpm", "100000000000", "--max-concurrency", "100000"),
+    *("--tokens-per-day", "100000000000000", "--tokens-per-month", "100000000000000"),
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -126,7 +130,9 @@ def _start_gateway(launcher: Launcher, upstream: str, port: int) -> tuple[str, s
         if not key:
             raise BenchError(f"gateway: `serving keys create` printed no secret:\n{created}")
         argv += ["--keys-db", str(store)]
-        notes = "key from `serving keys create` (--keys-db), limits far above the load"
+        notes = (
+            "key from `serving keys create` (--keys-db), every limit kind set, far above the load"
+        )
     else:
         key = "sk-bench-" + secrets.token_hex(16)
         env["SERVING_API_KEY"] = key

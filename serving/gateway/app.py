@@ -4,22 +4,26 @@
 
 Routes:
 - ``/healthz``  the process is alive (no auth, no upstream call);
-- ``/readyz``   200 when the upstream's ``/health`` answers 200 and the gateway is not
-                draining, else 503 (no auth);
+- ``/readyz``   200 when the health monitor's last check of the upstream's ``/health``
+                passed and the gateway is not draining, else 503 (no auth; it never calls
+                the upstream itself);
 - ``/metrics``  Prometheus text format (no auth: scraped by Prometheus/Kubernetes; it holds
                 public key ids, never secrets);
-- ``/v1/...``   behind an API key. POST /v1/chat/completions and /v1/completions are metered
-                (`metering`); other paths are forwarded as they are, except that a key with
-                limits or a model list may only use the metered paths and GET /v1/models;
+- ``/v1/...``   behind an API key. POST /v1/chat/completions and /v1/completions (with or
+                without one trailing slash, as vLLM matches them) are metered
+                (`completions`); other paths are forwarded as they are, except that a key
+                with limits or a model list may only use the metered paths and GET /v1/models;
 - anything else: 404 in OpenAI error shape.
 
 Everything lives on the app object (no globals): key stores, quota engine, metrics registry.
-The ASGI lifespan opens the upstream session and starts the background health/lease upkeep
-at startup, and stops them, persists budgets and closes the stores at shutdown.
+The ASGI lifespan opens the upstream session and starts the two background jobs at startup
+(the upstream health check, lease upkeep), and stops them, drains the budget journal and
+closes the stores at shutdown.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import time
@@ -27,7 +31,6 @@ from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import quote
 
-from serving.gateway.asgi import Receive, Scope, Send
 from serving.gateway.auth import (
     Authenticator,
     Caller,
@@ -35,18 +38,23 @@ from serving.gateway.auth import (
     StaticKeyAuthenticator,
     is_restricted,
 )
+from serving.gateway.catalog import ModelCatalog
+from serving.gateway.completions import Completions
 from serving.gateway.errors import (
     BodyTooLargeError,
     EndpointNotAllowedError,
     GatewayError,
+    RateLimitError,
     RouteNotFoundError,
+    retry_after_headers,
+    upstream_error_kind,
 )
-from serving.gateway.headers import REQUEST_ID, request_id
-from serving.gateway.health import HealthMonitor, ModelCatalog
+from serving.gateway.forwarded_headers import REQUEST_ID, request_id
+from serving.gateway.health import HealthMonitor
 from serving.gateway.keys import FileKeyStore, KeyStore, SqliteKeyStore
-from serving.gateway.metering import Metering, upstream_error_kind
 from serving.gateway.metrics import CONTENT_TYPE, GatewayMetrics, RequestRecord
-from serving.gateway.openai_request import COMPLETION_PATHS
+from serving.gateway.openai_request import completion_route
+from serving.gateway.periodic import Periodic
 from serving.gateway.proxy import Proxy, ProxyRequest
 from serving.gateway.quota import (
     Clock,
@@ -57,6 +65,7 @@ from serving.gateway.quota import (
 )
 from serving.gateway.responses import send_bytes, send_error, send_json
 from serving.gateway.settings import GatewaySettings
+from serving.gateway.types import RawHeaders, Receive, Scope, Send
 from serving.gateway.upstream import UpstreamClient
 
 logger = logging.getLogger(__name__)
@@ -100,19 +109,19 @@ class GatewayApp:
         self.quota = QuotaEngine(
             store, default_max_tokens=settings.default_max_tokens, lease_ttl=settings.lease_ttl_s
         )
-        self.metrics = GatewayMetrics(leases=store.active_leases)
+        self.metrics = GatewayMetrics(
+            leases=store.active_leases,
+            budget_flush_failures=journal.failures if journal is not None else lambda: 0,
+        )
         self.catalog = ModelCatalog()
         self.proxy = Proxy(self.upstream, retry_after_s=settings.retry_after_s)
-        self.metering = Metering(
-            self.quota, self.proxy, self.catalog, lease_ttl_s=settings.lease_ttl_s
-        )
+        self.completions = Completions(self.quota, self.proxy, self.catalog)
         self.health = HealthMonitor(
-            self.upstream,
-            self.catalog,
-            self.metrics,
-            interval_s=settings.health_interval_s,
-            maintain=self.metering.maintain,
+            self.upstream, self.catalog, self.metrics, interval_s=settings.health_interval_s
         )
+        # Running requests renew their leases well before the TTL; leaked ones are reclaimed.
+        upkeep_every = min(settings.health_interval_s, settings.lease_ttl_s / 3)
+        self.lease_upkeep = Periodic("lease upkeep", self._upkeep_leases, interval_s=upkeep_every)
 
     def _build_authenticator(self) -> Authenticator:
         settings = self.settings
@@ -125,6 +134,10 @@ class GatewayApp:
         authenticator = KeyStoreAuthenticator(stores, dev=dev)
         self._closers.append(authenticator.close)
         return authenticator
+
+    def _upkeep_leases(self) -> None:
+        self.completions.renew_running()
+        self.quota.reclaim_expired()
 
     def begin_drain(self) -> None:
         """Fail readiness from now on (SIGTERM); requests are still served."""
@@ -152,13 +165,14 @@ class GatewayApp:
                     await send({"type": "lifespan.startup.failed", "message": str(exc)})
                     return
                 self.health.start()
+                self.lease_upkeep.start()
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
                 await self.health.stop()
+                await self.lease_upkeep.stop()
                 await self.upstream.close()
-                self.quota.store.flush()
-                for close in self._closers:
-                    close()
+                for close in self._closers:  # off the loop: draining the journal may wait
+                    await asyncio.to_thread(close)
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
@@ -214,20 +228,26 @@ class GatewayApp:
             caller = self.authenticator.authenticate(authorization)
             record.key = caller.key_id
             body = await read_body(receive, self.settings.max_body_bytes, content_length)
-            target = scope.get("raw_path") or quote(path).encode()
+            route = completion_route(path) if method == "POST" else None
+            if route is not None:
+                # vLLM's own spelling: it answers a variant with a redirect to itself
+                target = route.path.encode()
+            else:
+                target = scope.get("raw_path") or quote(path).encode()
             if scope["query_string"]:
                 target += b"?" + scope["query_string"]
             request = ProxyRequest(method, target, scope["headers"], body, rid)
-            kind = COMPLETION_PATHS.get(path) if method == "POST" else None
-            if kind is not None:
-                await self.metering.handle(kind, caller, request, receive, send, record)
+            if route is not None:
+                await self.completions.handle(route.kind, caller, request, receive, send, record)
             else:
                 await self._forward(caller, request, receive, send, record)
         except GatewayError as error:
             record.status = error.http_status
-            if caller is not None and not record.headers:  # refused before admission
-                record.headers = rate_limit_raw_headers(self.quota.status(caller, ""))
-            await send_error(send, error, request_id=rid, headers=record.headers)
+            headers: RawHeaders = []
+            if caller is not None and not isinstance(error, RateLimitError):
+                # refused before admission: the key's current state (a 429 carries its own)
+                headers = rate_limit_raw_headers(self.quota.status(caller, ""))
+            await send_error(send, error, request_id=rid, headers=headers)
         except ClientDisconnected:  # or was cut off by the body deadline (a 408)
             logger.info("request %s: client disconnected while sending its body", rid.decode())
 
@@ -246,23 +266,23 @@ class GatewayApp:
                     "This API key may only use /v1/chat/completions, /v1/completions and "
                     "/v1/models."
                 )
-            record.headers = rate_limit_raw_headers(self.quota.status(caller, ""))
-            request = dataclasses.replace(request, response_headers=record.headers)
+            headers = rate_limit_raw_headers(self.quota.status(caller, ""))
+            request = dataclasses.replace(request, response_headers=headers)
         outcome = await self.proxy.forward(request, receive, send)
-        record.status = outcome.status
-        record.forwarded_at = outcome.forwarded_at
-        record.first_byte_at = outcome.first_byte_at
-        record.upstream_done_at = outcome.upstream_done_at
-        record.upstream_error = upstream_error_kind(outcome, None)
+        record.note_exchange(outcome)
+        record.upstream_error = upstream_error_kind(outcome.error, outcome.upstream_status, None)
 
     async def _readyz(self, send: Send, rid: bytes) -> None:
-        reason = "draining" if self.draining else await self.health.probe()
+        reason = "draining" if self.draining else self.health.unready_reason
         if reason is None:
             await send_json(send, 200, {"status": "ready"}, request_id=rid)
             return
-        retry = [(b"retry-after", str(self.settings.retry_after_s).encode())]
         await send_json(
-            send, 503, {"status": "unavailable", "reason": reason}, request_id=rid, headers=retry
+            send,
+            503,
+            {"status": "unavailable", "reason": reason},
+            request_id=rid,
+            headers=retry_after_headers(self.settings.retry_after_s),
         )
 
 

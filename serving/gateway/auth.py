@@ -14,14 +14,13 @@ keys (no limits, every model; public id `dev`).
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from serving.gateway.errors import AuthenticationError
-from serving.gateway.keys.credentials import key_id_of
+from serving.gateway.keys.credentials import hash_secret, key_id_of
 from serving.gateway.keys.store import KeyStore
 from serving.gateway.quota.limits import Limits, QuotaSubject
 
@@ -75,12 +74,12 @@ def parse_bearer(authorization: bytes | None) -> bytes | None:
 
 
 class StaticKeyAuthenticator:
-    """Accepts a fixed set of keys given as SHA-256 digests (the development keys).
+    """Accepts a fixed set of keys given as `hash_secret` digests (the development keys).
 
     The first key's public id is `dev`, further ones `dev-1`, `dev-2`, ...
     """
 
-    def __init__(self, digests: Sequence[bytes]) -> None:
+    def __init__(self, digests: Sequence[str]) -> None:
         self._entries = tuple(
             (digest, Principal(key_id=DEV_KEY_ID if index == 0 else f"{DEV_KEY_ID}-{index}"))
             for index, digest in enumerate(digests)
@@ -89,7 +88,7 @@ class StaticKeyAuthenticator:
     def find(self, token: bytes | None) -> Principal | None:
         # Hash and compare even when the header is unusable, so the time spent does not say
         # which check failed; compare against every digest without stopping early.
-        digest = hashlib.sha256(token if token is not None else b"").digest()
+        digest = hash_secret(token if token is not None else b"")
         found: Principal | None = None
         for expected, principal in self._entries:
             if hmac.compare_digest(digest, expected) and found is None:

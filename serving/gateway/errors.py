@@ -17,10 +17,13 @@ Every failure the gateway reports is one of these (DESIGN.md section 5):
         ├── UpstreamUnavailableError  503 server_error / upstream_unavailable + Retry-After
         └── UpstreamTimeoutError      504 timeout / upstream_timeout (idle too long)
 
-Failures of the hop client (aiohttp, sockets, timeouts) are translated into this tree in
-exactly one place, `map_upstream_exception`; upstream error responses in
-`openai_error_body` (passed through) and `wrap_upstream_status` (re-shaped). Messages never
-contain a key or an internal address: they are shown to API clients.
+Every mapping into this tree lives here: failures of the hop client (`hop_connection`'s
+`HopError`s; aiohttp's for the health and model-list calls; sockets, timeouts) in
+`map_upstream_exception`; upstream error responses in `openai_error_body`
+(passed through) and `wrap_upstream_status` (re-shaped); quota refusals in `refusal_error`;
+and the `kind` label an upstream failure is counted under in `upstream_error_kind`.
+`Retry-After` is built by `retry_after_headers` alone. Messages never contain a key or an
+internal address: they are shown to API clients.
 """
 
 from __future__ import annotations
@@ -31,6 +34,25 @@ from typing import ClassVar
 
 import aiohttp
 
+from serving.gateway.hop_connection import (
+    HopConnectError,
+    HopError,
+    HopPayloadError,
+    HopProtocolError,
+)
+from serving.gateway.quota import Refusal, rate_limit_raw_headers
+from serving.gateway.types import RawHeaders
+
+
+def retry_after_headers(seconds: float) -> RawHeaders:
+    """`Retry-After` in whole seconds, rounded up (at least 1 when any wait is asked for),
+    and `retry-after-ms`, which the official clients read first (finer than seconds)."""
+    if seconds <= 0:
+        return [(b"retry-after", b"0"), (b"retry-after-ms", b"0")]
+    whole = max(1, math.ceil(seconds))
+    millis = max(1, math.ceil(seconds * 1000))
+    return [(b"retry-after", b"%d" % whole), (b"retry-after-ms", b"%d" % millis)]
+
 
 class GatewayError(Exception):
     """A failure reported to the client as `{"error": {message, type, param, code}}`."""
@@ -40,7 +62,7 @@ class GatewayError(Exception):
     code: ClassVar[str | None] = None
 
     def __init__(
-        self, message: str, *, param: str | None = None, retry_after_s: int | None = None
+        self, message: str, *, param: str | None = None, retry_after_s: float | None = None
     ) -> None:
         super().__init__(message)
         self.message = message
@@ -63,11 +85,11 @@ class GatewayError(Exception):
         """The same error as a final server-sent event (after a stream has started)."""
         return b"data: " + self.body() + b"\n\n"
 
-    def headers(self) -> list[tuple[bytes, bytes]]:
+    def headers(self) -> RawHeaders:
         """Extra response headers this error carries (e.g. `Retry-After`)."""
         if self.retry_after_s is None:
             return []
-        return [(b"retry-after", str(self.retry_after_s).encode())]
+        return retry_after_headers(self.retry_after_s)
 
 
 class AuthenticationError(GatewayError):
@@ -80,7 +102,7 @@ class AuthenticationError(GatewayError):
         # the same, and the key is never echoed.
         super().__init__("Invalid API key. Send a valid key as 'Authorization: Bearer <key>'.")
 
-    def headers(self) -> list[tuple[bytes, bytes]]:
+    def headers(self) -> RawHeaders:
         return [(b"www-authenticate", b"Bearer")]
 
 
@@ -129,15 +151,24 @@ class BodyTooLargeError(GatewayError):
 
 
 class RateLimitError(GatewayError):
-    """A quota refusal (a `quota.Refusal`): its type and code vary with the limit."""
+    """A quota refusal (a `quota.Refusal`): its type and code vary with the limit; it
+    carries the rate-limit state the refusal was decided on."""
 
     status = 429
 
-    def __init__(self, message: str, *, error_type: str, code: str, retry_after_s: float) -> None:
-        super().__init__(message, retry_after_s=max(1, math.ceil(retry_after_s)))
+    def __init__(
+        self,
+        message: str,
+        *,
+        error_type: str,
+        code: str,
+        retry_after_s: float,
+        rate_limit_headers: RawHeaders,
+    ) -> None:
+        super().__init__(message, retry_after_s=retry_after_s)
         self.error_type = error_type
         self.error_code = code
-        self.retry_after_exact_s = retry_after_s
+        self.rate_limit_headers = rate_limit_headers
 
     def payload(self) -> dict[str, object]:
         return {
@@ -147,10 +178,8 @@ class RateLimitError(GatewayError):
             "code": self.error_code,
         }
 
-    def headers(self) -> list[tuple[bytes, bytes]]:
-        # `retry-after-ms` is what the official clients read first (finer than whole seconds).
-        millis = max(1, math.ceil(self.retry_after_exact_s * 1000))
-        return [*super().headers(), (b"retry-after-ms", str(millis).encode())]
+    def headers(self) -> RawHeaders:
+        return [*super().headers(), *self.rate_limit_headers]
 
 
 class UpstreamRejectedError(GatewayError):
@@ -184,9 +213,14 @@ class UpstreamTimeoutError(UpstreamError):
     code = "upstream_timeout"
 
 
-# What the hop client raises for a failed exchange (aiohttp.ServerTimeoutError and
-# ConnectionTimeoutError are TimeoutErrors; ClientOSError is an OSError).
-UPSTREAM_FAILURES: tuple[type[Exception], ...] = (aiohttp.ClientError, OSError, TimeoutError)
+# What the hop clients raise for a failed exchange (HopTimeoutError, aiohttp.ServerTimeoutError
+# and ConnectionTimeoutError are TimeoutErrors; ClientOSError is an OSError).
+UPSTREAM_FAILURES: tuple[type[Exception], ...] = (
+    HopError,
+    aiohttp.ClientError,
+    OSError,
+    TimeoutError,
+)
 
 
 def map_upstream_exception(exc: Exception, *, retry_after_s: int) -> GatewayError:
@@ -198,14 +232,18 @@ def map_upstream_exception(exc: Exception, *, retry_after_s: int) -> GatewayErro
     """
     if isinstance(exc, GatewayError):
         return exc
-    if isinstance(exc, aiohttp.ConnectionTimeoutError | aiohttp.ClientConnectorError):
+    if isinstance(
+        exc, HopConnectError | aiohttp.ConnectionTimeoutError | aiohttp.ClientConnectorError
+    ):
         return UpstreamUnavailableError(
             "The model server cannot be reached; retry later.", retry_after_s=retry_after_s
         )
     if isinstance(exc, TimeoutError):
         return UpstreamTimeoutError("The model server sent nothing for too long.")
-    if isinstance(exc, aiohttp.ClientPayloadError):
+    if isinstance(exc, HopPayloadError | aiohttp.ClientPayloadError):
         return UpstreamError("The model server's response was cut off.")
+    if isinstance(exc, HopProtocolError):
+        return UpstreamError("The model server's response was not valid HTTP.")
     if isinstance(exc, aiohttp.ServerDisconnectedError | ConnectionError):
         return UpstreamError("The model server closed the connection.")
     return UpstreamError(f"The model server failed ({type(exc).__name__}).")
@@ -241,3 +279,34 @@ def wrap_upstream_status(status: int, body: bytes) -> GatewayError:
         pass
     message = detail if isinstance(detail, str) else f"The model server refused (HTTP {status})."
     return UpstreamRejectedError(message, status=status)
+
+
+def refusal_error(refusal: Refusal) -> RateLimitError:
+    """The 429 for a quota refusal, with its `Retry-After` and rate-limit headers."""
+    wait = refusal.retry_after
+    if not math.isfinite(wait):
+        wait = float(refusal.retry_after_header)
+    return RateLimitError(
+        refusal.message,
+        error_type=refusal.error_type,
+        code=refusal.code,
+        retry_after_s=wait,
+        rate_limit_headers=rate_limit_raw_headers(refusal.rate_limit),
+    )
+
+
+def upstream_error_kind(
+    error: GatewayError | None, upstream_status: int | None, response_problem: str | None
+) -> str | None:
+    """The `kind` label of gateway_upstream_errors_total for one exchange, if any.
+
+    `response_problem` is what reading a 2xx body found (`in_band`, `bad_json`, ...)."""
+    if isinstance(error, UpstreamTimeoutError):
+        return "timeout"
+    if isinstance(error, UpstreamUnavailableError):
+        return "connect"
+    if (upstream_status or 0) >= 500:
+        return "status_5xx"
+    if error is not None and not isinstance(error, UpstreamRejectedError):
+        return "reset"
+    return response_problem

@@ -4,8 +4,9 @@
     serving keys create --name team-b --emit-yaml >> keys.yaml   # for a Kubernetes Secret
     serving keys list | show KEY_ID | revoke KEY_ID
 
-Secrets are printed once, at creation; the store keeps only their SHA-256. The store module
-is imported inside `run`, so `serving --help` stays instant.
+Secrets are printed once, at creation; the store keeps only their SHA-256. The default store
+is `serving.paths.keys_db_path()`, the file a gateway started by `serving up` or `make up`
+reads. The store module is imported inside `run`, so `serving --help` stays instant.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from serving import paths
 from serving.errors import ServingError
 
 if TYPE_CHECKING:
@@ -38,7 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--store",
         type=Path,
         default=None,
-        help="key database (default: $SERVING_HOME/keys.db)",
+        help=f"key database (default: {paths.keys_db_path()}, which the gateway reads)",
     )
     actions = parser.add_subparsers(dest="keys_command", required=True, metavar="ACTION")
 
@@ -71,12 +73,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from serving import paths
     from serving.gateway.keys.sqlite_store import SqliteKeyStore
 
     if args.keys_command == "create" and args.emit_yaml:
         return _emit_yaml(args)
-    store = SqliteKeyStore(args.store or paths.serving_home() / "keys.db")
+    store = SqliteKeyStore(args.store or paths.keys_db_path())
     try:
         if args.keys_command == "create":
             name, limits, models, model_limits = _key_fields(args)

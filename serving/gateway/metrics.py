@@ -19,6 +19,8 @@ Series (labels use the key's public id and the model, never a secret):
     gateway_added_latency_seconds                  the gateway's own time: before forwarding
                                                    plus after the upstream was done
     gateway_quota_leases                           quota leases held (0 when idle)
+    gateway_budget_flush_failures_total            failed writes of day/month budgets to
+                                                   keys.db (each is rolled back and retried)
 
 Values are plain Python numbers updated on the event loop (where scrapes are answered too),
 turned into Prometheus families only when scraped: a request costs a few dict updates, not
@@ -29,8 +31,8 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from typing import TypeVar
+from dataclasses import dataclass
+from typing import Protocol, TypeVar
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -40,8 +42,6 @@ from prometheus_client.metrics_core import (
     HistogramMetricFamily,
     Metric,
 )
-
-from serving.gateway.asgi import RawHeaders
 
 _K = TypeVar("_K")
 
@@ -66,8 +66,24 @@ class RequestRecord:
     forwarded_at: float = 0.0
     first_byte_at: float = 0.0
     upstream_done_at: float = 0.0
-    headers: RawHeaders = field(default_factory=list)
-    """Rate-limit headers every response to this request carries."""
+
+    def note_exchange(self, exchange: Exchange) -> None:
+        """The status and timings of the exchange with the upstream (a `ProxyOutcome`)."""
+        self.status = exchange.status
+        self.forwarded_at = exchange.forwarded_at
+        self.first_byte_at = exchange.first_byte_at
+        self.upstream_done_at = exchange.upstream_done_at
+
+
+class Exchange(Protocol):
+    @property
+    def status(self) -> int: ...
+    @property
+    def forwarded_at(self) -> float: ...
+    @property
+    def first_byte_at(self) -> float: ...
+    @property
+    def upstream_done_at(self) -> float: ...
 
 
 class Histogram:
@@ -93,7 +109,12 @@ class Histogram:
 
 
 class GatewayMetrics:
-    def __init__(self, *, leases: Callable[[], int] = lambda: 0) -> None:
+    def __init__(
+        self,
+        *,
+        leases: Callable[[], int] = lambda: 0,
+        budget_flush_failures: Callable[[], int] = lambda: 0,
+    ) -> None:
         self.requests: dict[tuple[str, str, str], int] = {}
         self.tokens: dict[tuple[str, str, str], int] = {}
         self.rejections: dict[tuple[str, str], int] = {}
@@ -104,6 +125,7 @@ class GatewayMetrics:
         self.in_flight = 0
         self.upstream_healthy = 0.0
         self._leases = leases
+        self._budget_flush_failures = budget_flush_failures
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
 
@@ -185,6 +207,11 @@ class GatewayMetrics:
         yield added
         yield GaugeMetricFamily(
             "gateway_quota_leases", "Quota leases held.", value=float(self._leases())
+        )
+        yield CounterMetricFamily(
+            "gateway_budget_flush_failures",
+            "Failed transactions writing day/month budgets (each is rolled back and retried).",
+            value=self._budget_flush_failures(),
         )
 
 

@@ -18,16 +18,34 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from serving.gateway.errors import InvalidRequestError
-from serving.gateway.quota.limits import InvalidParam, check_max_tokens
 
 Kind = Literal["chat", "completion"]
-COMPLETION_PATHS: dict[str, Kind] = {
-    "/v1/chat/completions": "chat",
-    "/v1/completions": "completion",
+
+
+class CompletionRoute(NamedTuple):
+    kind: Kind
+    path: str
+    """vLLM's spelling of the path."""
+
+
+COMPLETION_ROUTES: dict[str, CompletionRoute] = {
+    "/v1/chat/completions": CompletionRoute("chat", "/v1/chat/completions"),
+    "/v1/completions": CompletionRoute("completion", "/v1/completions"),
 }
+
+
+def completion_route(path: str) -> CompletionRoute | None:
+    """The metered endpoint `path` reaches in vLLM, if any. vLLM (Starlette) also serves a
+    path with one trailing slash added, through a redirect to its own address; the gateway
+    meters such a variant and sends it to the canonical path instead."""
+    route = COMPLETION_ROUTES.get(path)
+    if route is None and path.endswith("/"):
+        route = COMPLETION_ROUTES.get(path[:-1])
+    return route
+
 
 PER_MESSAGE_TOKENS = 8
 BASE_TOKENS = 96
@@ -162,14 +180,22 @@ def _text_bytes(value: object) -> int:
 
 
 def _max_tokens(data: dict[str, Any], kind: Kind) -> int | None:
-    checked: list[int | None] = []
     names = ("max_completion_tokens", "max_tokens") if kind == "chat" else ("max_tokens",)
-    for name in names:
-        value = check_max_tokens(data.get(name), name)
-        if isinstance(value, InvalidParam):
-            raise _invalid(value.param, value.message)
-        checked.append(value)
+    checked = [check_max_tokens(data.get(name), name) for name in names]
     return next((value for value in checked if value is not None), None)
+
+
+def check_max_tokens(value: object, param: str = "max_tokens") -> int | None:
+    """A client's `max_tokens` (or `max_completion_tokens`) as JSON-decoded: the integer,
+    `None` when absent (JSON null), else a 400 naming `param`. Capping it to the key's
+    limit is `QuotaEngine.allowed_max_tokens`'s job; this only rejects nonsense."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _invalid(param, f"{param} must be an integer, got {value!r}")
+    if value < 1:
+        raise _invalid(param, f"{param} must be at least 1, got {value}")
+    return value
 
 
 def _optional_bool(data: dict[str, Any], name: str, where: str | None = None) -> bool:

@@ -5,9 +5,10 @@
 The exchange with the upstream runs in the request's task while a watcher waits for the
 client's `http.disconnect`: a client that goes away cancels the exchange, which closes the
 upstream connection so vLLM aborts the request and frees its KV cache. The watcher (a task)
-is only started once a request has run for `WATCH_AFTER_S` (a timer until then): most short
-requests finish first and never pay for one, and a disconnect is still acted on within
-`WATCH_AFTER_S` of it (the server remembers it, so a late watcher sees it at once).
+is only started once a request has run for one to two `WATCH_TICK_S` ticks of one timer
+shared by all requests: most short requests finish first and never pay for a watcher nor a
+timer of their own, and a disconnect is still acted on within `2 * WATCH_TICK_S` of it (the
+server remembers it, so a late watcher sees it at once).
 Bodies are relayed chunk by chunk with one `await send` per chunk, so a slow client slows
 the upstream read (backpressure).
 
@@ -21,6 +22,8 @@ How the response is relayed:
 - no response at all: the mapped error (503 unreachable, 502 reset, 504 idle timeout).
 
 Every response the client gets carries `request.response_headers` (the rate-limit state).
+A redirect's `Location` that points at the upstream is made relative, so a client never
+learns the engine's internal address nor goes around the gateway.
 With a `request.meter`, 2xx bodies are read for usage as they pass (see `usage`); the outcome
 records when the request was forwarded, when its first body byte reached the client and when
 the upstream was done, for the latency metrics.
@@ -33,9 +36,6 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-import aiohttp
-
-from serving.gateway.asgi import RawHeaders, Receive, Send
 from serving.gateway.errors import (
     UPSTREAM_FAILURES,
     GatewayError,
@@ -43,8 +43,10 @@ from serving.gateway.errors import (
     openai_error_body,
     wrap_upstream_status,
 )
-from serving.gateway.headers import client_response_headers, upstream_request_headers
+from serving.gateway.forwarded_headers import client_response_headers, upstream_request_headers
+from serving.gateway.hop_connection import HopResponse
 from serving.gateway.responses import send_bytes, send_error
+from serving.gateway.types import RawHeaders, Receive, Send
 from serving.gateway.upstream import UpstreamClient
 from serving.gateway.usage import ResponseMeter
 
@@ -54,13 +56,16 @@ logger = logging.getLogger(__name__)
 WHOLE_BODY_LIMIT = 1024 * 1024
 # Upstream error bodies are read up to this size to see whether they are OpenAI-shaped.
 ERROR_BODY_LIMIT = 64 * 1024
-# A request still running after this long gets a task watching for its client's disconnect.
-WATCH_AFTER_S = 0.1
+# Every tick, requests that were already running at the previous one get a task watching
+# for their client's disconnect.
+WATCH_TICK_S = 0.05
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ProxyRequest:
-    """A client request, its body already read, as the proxy forwards it."""
+    """A client request, its body already read, as the proxy forwards it. Treat it as
+    immutable (`dataclasses.replace` for a changed copy); it is not declared frozen only
+    because a frozen dataclass's `__init__` costs four times as much, twice per request."""
 
     method: str
     target: bytes
@@ -95,6 +100,9 @@ class Proxy:
     def __init__(self, client: UpstreamClient, *, retry_after_s: int) -> None:
         self._client = client
         self._retry_after_s = retry_after_s
+        self._running: set[_DisconnectWatch] = set()
+        self._tick = 0
+        self._ticker: asyncio.TimerHandle | None = None
 
     async def forward(self, request: ProxyRequest, receive: Receive, send: Send) -> ProxyOutcome:
         """Relay `request` to the upstream and its response to `send`; a client that
@@ -102,8 +110,11 @@ class Proxy:
         outcome = ProxyOutcome()
         task = asyncio.current_task()
         assert task is not None
-        watch = _DisconnectWatch(receive, task, outcome)
-        timer = asyncio.get_running_loop().call_later(WATCH_AFTER_S, watch.start)
+        watch = _DisconnectWatch(receive, task, outcome, self._tick)
+        running = self._running
+        running.add(watch)
+        if self._ticker is None:
+            self._ticker = task.get_loop().call_later(WATCH_TICK_S, self._on_tick)
         try:
             await self._exchange(request, send, outcome)
         except asyncio.CancelledError:
@@ -112,20 +123,32 @@ class Proxy:
                 raise
             logger.info("request %s: client disconnected", request.request_id.decode())
         finally:
-            timer.cancel()
+            running.discard(watch)
             if watch.watcher is not None:
                 watch.watcher.cancel()
         return outcome
 
+    def _on_tick(self) -> None:
+        """Start watchers for the requests running since before the previous tick."""
+        tick = self._tick
+        self._tick = tick + 1
+        for watch in self._running:
+            if watch.tick < tick and watch.watcher is None:
+                watch.start()
+        self._ticker = (
+            asyncio.get_running_loop().call_later(WATCH_TICK_S, self._on_tick)
+            if self._running
+            else None
+        )
+
     async def _exchange(self, request: ProxyRequest, send: Send, outcome: ProxyOutcome) -> None:
         outcome.forwarded_at = time.perf_counter()
         try:
-            response = await self._client.session.request(
+            response = await self._client.pool.request(
                 request.method,
-                self._client.url(request.target),
-                headers=upstream_request_headers(request.headers, request.request_id),
-                data=request.body or None,
-                allow_redirects=False,
+                request.target,
+                upstream_request_headers(request.headers, request.request_id),
+                request.body,
             )
         except UPSTREAM_FAILURES as exc:
             await self._fail(exc, request, send, outcome)
@@ -147,21 +170,20 @@ class Proxy:
 
     async def _relay_whole(
         self,
-        response: aiohttp.ClientResponse,
+        response: HopResponse,
         request: ProxyRequest,
         send: Send,
         outcome: ProxyOutcome,
     ) -> None:
         try:
-            body = await response.read()
+            body = await response.read_all()
         except UPSTREAM_FAILURES as exc:
             await self._fail(exc, request, send, outcome)
             return
         outcome.upstream_done_at = time.perf_counter()
         if request.meter is not None:
             request.meter.read_json(body)
-        headers = client_response_headers(response.raw_headers, request.request_id)
-        headers.extend(request.response_headers)
+        headers = self._response_headers(response, request)
         headers.append((b"content-length", str(len(body)).encode()))
         outcome.status = response.status
         await send({"type": "http.response.start", "status": response.status, "headers": headers})
@@ -170,21 +192,20 @@ class Proxy:
 
     async def _relay_stream(
         self,
-        response: aiohttp.ClientResponse,
+        response: HopResponse,
         request: ProxyRequest,
         send: Send,
         outcome: ProxyOutcome,
     ) -> None:
-        headers = client_response_headers(response.raw_headers, request.request_id)
-        headers.extend(request.response_headers)
+        headers = self._response_headers(response, request)
         outcome.status = response.status
-        sse = outcome.sse = response.content_type == "text/event-stream"
+        sse = outcome.sse = response.content_type == b"text/event-stream"
         meter = request.meter
         await send({"type": "http.response.start", "status": response.status, "headers": headers})
         last = b"\n\n"
         first = True
         try:
-            async for chunk in response.content.iter_any():
+            while chunk := await response.read():
                 if meter is not None:
                     if sse:
                         chunk = meter.feed(chunk)
@@ -220,7 +241,7 @@ class Proxy:
 
     async def _relay_error(
         self,
-        response: aiohttp.ClientResponse,
+        response: HopResponse,
         request: ProxyRequest,
         send: Send,
         outcome: ProxyOutcome,
@@ -228,7 +249,7 @@ class Proxy:
         chunks: list[bytes] = []
         size = 0
         try:
-            async for chunk in response.content.iter_any():
+            while chunk := await response.read():
                 chunks.append(chunk)
                 size += len(chunk)
                 if size > ERROR_BODY_LIMIT:
@@ -260,6 +281,16 @@ class Proxy:
             send, error, request_id=request.request_id, headers=request.response_headers
         )
 
+    def _response_headers(self, response: HopResponse, request: ProxyRequest) -> RawHeaders:
+        headers = client_response_headers(response.headers, request.request_id)
+        if 300 <= response.status < 400:
+            headers = [
+                (name, self._client.gateway_location(value) if name == b"location" else value)
+                for name, value in headers
+            ]
+        headers.extend(request.response_headers)
+        return headers
+
     def _record(self, exc: Exception, request: ProxyRequest, outcome: ProxyOutcome) -> GatewayError:
         error = map_upstream_exception(exc, retry_after_s=self._retry_after_s)
         logger.warning(
@@ -284,16 +315,20 @@ class Proxy:
 
 
 class _DisconnectWatch:
-    """Started by a timer once the request has run for `WATCH_AFTER_S`: a task that cancels
+    """Started by the proxy's tick once the request has run for a tick: a task that cancels
     the request's task when the ASGI server reports that the client went away (the exchange
     itself runs in the request's own task)."""
 
-    __slots__ = ("_outcome", "_receive", "_task", "watcher")
+    __slots__ = ("_outcome", "_receive", "_task", "tick", "watcher")
 
-    def __init__(self, receive: Receive, task: asyncio.Task[object], outcome: ProxyOutcome) -> None:
+    def __init__(
+        self, receive: Receive, task: asyncio.Task[object], outcome: ProxyOutcome, tick: int
+    ) -> None:
         self._receive = receive
         self._task = task
         self._outcome = outcome
+        self.tick = tick
+        """The tick during which the request started."""
         self.watcher: asyncio.Task[None] | None = None
 
     def start(self) -> None:

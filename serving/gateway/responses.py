@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 
-from serving.gateway.asgi import RawHeaders, Send
 from serving.gateway.errors import GatewayError
-from serving.gateway.headers import REQUEST_ID
+from serving.gateway.forwarded_headers import REQUEST_ID
+from serving.gateway.types import RawHeaders, Send
 
 
 async def send_bytes(

@@ -1,207 +1,308 @@
-"""The gateway's settings: one frozen value object, validated on construction.
+"""The gateway's settings: one pydantic-settings model, the one place their names, defaults,
+help texts and checks are written.
 
     settings = GatewaySettings.create(upstream="http://127.0.0.1:8001", api_keys=["sk-dev"])
     settings = GatewaySettings.create(upstream=..., api_keys=[], keys_db="/var/serving/keys.db")
-    settings = GatewaySettings.from_env()          # SERVING_GATEWAY_* and SERVING_API_KEY
+    settings = GatewaySettings.from_env()            # SERVING_GATEWAY_<FIELD>, SERVING_API_KEY
+    settings = GatewaySettings.load(cli_source(parser)(parsed_args=args))   # + flags
 
-Keys come from a key store (`keys_db`, `keys_file`: limits, revocation) and/or development
-keys (`api_keys`: no limits, public id `dev`). Development keys are never stored: only their
-SHA-256 digests, which `auth` compares in constant time.
-Every validation failure is a `ServingError` whose message names the field and the bad value.
+Every field is a setting: the flag `--<field-name>` (kebab-case; a spelling callers already
+used is kept as a `FlagAlias` in the field's metadata) and the variable `SERVING_GATEWAY_<FIELD>`
+are generated from it, its docstring is its help text and its default is written only here
+(`serving gateway --help` lists them). A flag beats the environment, which beats the default.
+
+Keys come from a key store (`keys_db`, `keys_file`: limits, revocation) and/or development keys
+(no limits, public id `dev`): `--api-key`, else `SERVING_API_KEY` (comma-separated). Those are
+hashed as they are read (`keys.credentials.hash_secret`) and only the digests are kept, out of
+the repr. Loaded settings (`load`, `from_env`) open `serving.paths.keys_db_path()` when neither
+`keys_db` nor `keys_file` is set; `create` reads nothing from the environment and defaults
+nothing: what it is given is what it builds.
+
+Every validation failure is a `ServingError` naming the field, the bad value, its flag and its
+variable.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
-import math
+import argparse
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Annotated, Any
 from urllib.parse import urlsplit
 
+from pydantic import (
+    BaseModel,
+    Field,
+    StringConstraints,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic.fields import FieldInfo
+from pydantic_settings import (
+    BaseSettings,
+    CliSettingsSource,
+    CliSuppress,
+    EnvSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    SettingsError,
+)
+
+from serving import paths
 from serving.errors import ServingError
 
 ENV_PREFIX = "SERVING_GATEWAY_"
 API_KEY_ENV = "SERVING_API_KEY"
 
 
-def digest_key(key: str) -> bytes:
-    """The SHA-256 digest the gateway stores and compares instead of the key itself."""
-    return hashlib.sha256(key.encode("utf-8")).digest()
+@dataclass(frozen=True, slots=True)
+class FlagAlias:
+    """Another spelling of a field's flag that callers use, kept working:
+    `drain_delay_s: Annotated[float, FlagAlias("--drain-delay")] = 5.0`."""
+
+    flag: str
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class GatewaySettings:
+Seconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+Sha256Hex = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
+NonEmpty = Annotated[str, StringConstraints(min_length=1)]
+
+
+class GatewaySettings(BaseSettings):
     """What one gateway process needs; see the module docstring for how to build one."""
 
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        frozen=True,
+        extra="forbid",
+        use_attribute_docstrings=True,
+        cli_kebab_case=True,
+        cli_hide_none_type=True,
+        cli_show_env_vars=True,
+    )
+
     upstream: str
-    """Base URL of the vLLM OpenAI server, e.g. ``http://127.0.0.1:8001`` (no default)."""
-    api_key_digests: tuple[bytes, ...] = dataclasses.field(repr=False)
-    """SHA-256 digests of the accepted development API keys (keys without limits)."""
-    keys_db: str | None = None
-    """The SQLite key store `serving keys` writes; day/month budgets are persisted in it."""
-    keys_file: str | None = None
-    """A declarative keys file (YAML/JSON of hashed keys, e.g. a mounted Kubernetes Secret)."""
-    host: str = "127.0.0.1"
-    port: int = 8000
-    max_body_bytes: int = 10 * 1024 * 1024
+    """Base URL of the vLLM OpenAI server, e.g. http://127.0.0.1:8001."""
+    api_key_digests: CliSuppress[tuple[Sha256Hex, ...]] = Field(default=(), repr=False)
+    """`hash_secret` digests of the development keys (no limits, public id `dev`); set them
+    with --api-key or SERVING_API_KEY, never as digests."""
+    keys_db: NonEmpty | None = None
+    """The SQLite key store `serving keys` writes; day/month budgets are persisted in it.
+    Unset: keys.db in the serving home (the same file `serving keys` uses; see below), unless
+    --keys-file is given."""
+    keys_file: NonEmpty | None = None
+    """A declarative keys file (YAML/JSON of hashed keys, e.g. a mounted Kubernetes Secret),
+    re-read when it changes."""
+    host: NonEmpty = "127.0.0.1"
+    """Address to listen on."""
+    port: int = Field(default=8000, ge=0, le=65535)
+    """Port to listen on."""
+    max_body_bytes: int = Field(default=10 * 1024 * 1024, ge=1)
     """Largest request body accepted; larger ones get 413 before anything is forwarded."""
-    upstream_connect_timeout_s: float = 5.0
+    upstream_connect_timeout_s: Annotated[Seconds, FlagAlias("--upstream-connect-timeout")] = 5.0
     """Time allowed to open a TCP connection to the upstream (then 503)."""
-    upstream_idle_timeout_s: float = 300.0
+    upstream_idle_timeout_s: Annotated[Seconds, FlagAlias("--upstream-idle-timeout")] = 300.0
     """Longest silence allowed from the upstream, before headers or between chunks (then
     504). There is no total timeout, so long streams live; a non-streaming request sends
     nothing until it is done, so this bounds its generation time too."""
-    upstream_keepalive_s: float = 4.0
+    upstream_keepalive_s: Seconds = 4.0
     """How long an idle pooled upstream connection is kept; below vLLM's 5 s keep-alive so
     the gateway never reuses a connection the upstream is closing."""
-    upstream_max_connections: int = 0
+    upstream_max_connections: int = Field(default=0, ge=0)
     """Cap on pooled upstream connections; 0 means no cap (vLLM schedules for itself)."""
-    readiness_timeout_s: float = 2.0
-    """Total time `/readyz` gives the upstream's `/health`."""
-    retry_after_s: int = 1
-    """`Retry-After` sent with 503 responses."""
-    header_timeout_s: float = 10.0
+    readiness_timeout_s: Seconds = 2.0
+    """Total time /readyz gives the upstream's /health."""
+    retry_after_s: int = Field(default=1, ge=0)
+    """Retry-After sent with 503 responses."""
+    header_timeout_s: Annotated[Seconds, FlagAlias("--header-timeout")] = 10.0
     """Time a client has to send a request's headers, from connecting or from its first
     byte (then 408 and the connection is closed)."""
-    body_timeout_s: float = 30.0
+    body_timeout_s: Annotated[Seconds, FlagAlias("--body-timeout")] = 30.0
     """Time a client has to send a request's whole body once its headers arrived (then 408)."""
-    default_max_tokens: int = 4096
+    default_max_tokens: int = Field(default=4096, ge=1)
     """max_tokens sent upstream when neither the client nor the key sets one (also limited
     by the model's context window when the upstream reports it)."""
-    lease_ttl_s: float = 600.0
+    lease_ttl_s: Seconds = 600.0
     """A quota lease not renewed for this long is reclaimed; running requests renew theirs."""
-    health_interval_s: float = 5.0
+    health_interval_s: Seconds = 5.0
     """How often the upstream's health and model list are checked in the background."""
-    drain_delay_s: float = 5.0
-    """On SIGTERM, how long `/readyz` answers 503 while requests are still served, so load
+    drain_delay_s: Annotated[float, FlagAlias("--drain-delay")] = Field(
+        default=5.0, ge=0, allow_inf_nan=False
+    )
+    """On SIGTERM, how long /readyz answers 503 while requests are still served, so load
     balancers stop sending traffic before the listener closes (0: close at once)."""
-    graceful_shutdown_s: int = 30
+    graceful_shutdown_s: Annotated[int, FlagAlias("--graceful-timeout")] = Field(default=30, ge=0)
     """After the drain delay, how long in-flight requests may finish before they are cut."""
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "upstream", _check_upstream(self.upstream))
+    @field_validator("upstream")
+    @classmethod
+    def _check_upstream(cls, url: str) -> str:
+        try:
+            parts = urlsplit(url)
+            port = parts.port
+        except ValueError as exc:
+            raise ValueError(f"not a valid URL ({exc})") from exc
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("must be an http:// or https:// URL with a host")
+        if parts.query or parts.fragment or parts.username or parts.password:
+            raise ValueError("must not carry credentials, a query or fragment")
+        if port == 0:
+            raise ValueError("has port 0")
+        return url.rstrip("/")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_key_store(cls, data: Any) -> Any:
+        # Only values that were set reach here (pydantic-settings leaves defaults out), and
+        # `create` always sets both, so this applies to loaded settings alone.
+        if isinstance(data, dict) and "keys_db" not in data and "keys_file" not in data:
+            return {**data, "keys_db": str(paths.keys_db_path())}
+        return data
+
+    @model_validator(mode="after")
+    def _require_a_key_source(self) -> GatewaySettings:
         if not self.api_key_digests and not self.keys_db and not self.keys_file:
-            raise ServingError(
-                f"api_key: a key source is required: --keys-db, --keys-file, --api-key "
-                f"or {API_KEY_ENV}"
+            raise ValueError(
+                f"keys: a key source is required: --keys-db, --keys-file, --api-key or "
+                f"{API_KEY_ENV}"
             )
-        for digest in self.api_key_digests:
-            if not isinstance(digest, bytes) or len(digest) != hashlib.sha256().digest_size:
-                raise ServingError("api_key_digests: each entry must be a 32-byte SHA-256 digest")
-        if not self.host:
-            raise ServingError("host: must not be empty")
-        _check_int("port", self.port, low=0, high=65535)
-        _check_int("max_body_bytes", self.max_body_bytes, low=1)
-        _check_int("upstream_max_connections", self.upstream_max_connections, low=0)
-        _check_int("retry_after_s", self.retry_after_s, low=0)
-        _check_int("graceful_shutdown_s", self.graceful_shutdown_s, low=0)
-        _check_int("default_max_tokens", self.default_max_tokens, low=1)
-        for name in (
-            "upstream_connect_timeout_s",
-            "upstream_idle_timeout_s",
-            "upstream_keepalive_s",
-            "readiness_timeout_s",
-            "header_timeout_s",
-            "body_timeout_s",
-            "lease_ttl_s",
-            "health_interval_s",
-        ):
-            _check_positive(name, getattr(self, name))
-        delay = self.drain_delay_s
-        if not isinstance(delay, int | float) or not 0 <= delay < math.inf:
-            raise ServingError(f"drain_delay_s: {self.drain_delay_s!r} is not a number >= 0")
-        for name in ("keys_db", "keys_file"):
-            value = getattr(self, name)
-            if value is not None and (not isinstance(value, str) or not value):
-                raise ServingError(f"{name}: {value!r} is not a file path")
+        return self
 
     @classmethod
-    def create(
-        cls, *, upstream: str, api_keys: Iterable[str], **options: object
-    ) -> GatewaySettings:
-        """Settings from plain keys (hashed here); `options` are the other fields by name."""
-        digests = tuple(digest_key(_check_key(key)) for key in api_keys)
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """Keyword arguments, then the environment; no .env or secrets files."""
+        return init_settings, _Environment(settings_cls)
+
+    @classmethod
+    def create(cls, *, upstream: str, api_keys: Iterable[str], **fields: object) -> GatewaySettings:
+        """Settings from exactly these values (plain `api_keys`, hashed here; the other
+        fields by name), ignoring the environment."""
+        values = {"keys_db": None, "keys_file": None, **fields}
+        values.update(upstream=upstream, api_key_digests=hash_keys(api_keys))
+        settings = cls.__new__(cls)
         try:
-            return cls(upstream=upstream, api_key_digests=digests, **options)  # type: ignore[arg-type]
-        except TypeError as exc:
+            # BaseModel's own __init__ validates the values alone: BaseSettings' would merge
+            # in the environment.
+            BaseModel.__init__(settings, **values)
+        except ValidationError as exc:
+            raise settings_error(exc) from exc
+        return settings
+
+    @classmethod
+    def load(
+        cls,
+        cli: CliSettingsSource[GatewaySettings] | None = None,
+        *,
+        api_keys: Sequence[str] = (),
+        **fields: Any,
+    ) -> GatewaySettings:
+        """Settings as `serving gateway` reads them: the flags in `cli` and `fields`, then
+        `SERVING_GATEWAY_*`, then the defaults. Development keys: `api_keys`, else
+        `SERVING_API_KEY`."""
+        options: dict[str, Any] = {"_cli_settings_source": cli, **fields}
+        if api_keys:
+            options["api_key_digests"] = hash_keys(api_keys)
+        try:
+            return cls(**options)
+        except ValidationError as exc:
+            raise settings_error(exc) from exc
+        except SettingsError as exc:
             raise ServingError(f"gateway settings: {exc}") from exc
 
     @classmethod
-    def from_env(
-        cls, environ: Mapping[str, str] | None = None, **overrides: object
-    ) -> GatewaySettings:
-        """Settings from `SERVING_GATEWAY_<FIELD>` variables and `SERVING_API_KEY`.
-
-        `SERVING_API_KEY` may hold several keys separated by commas. `overrides` win over
-        the environment.
-        """
-        env = os.environ if environ is None else environ
-        values: dict[str, object] = {}
-        for field in dataclasses.fields(cls):
-            if field.name == "api_key_digests":
-                continue
-            raw = env.get(ENV_PREFIX + field.name.upper())
-            if raw is not None:
-                values[field.name] = _parse_env(ENV_PREFIX + field.name.upper(), raw, field.type)
-        values.update(overrides)
-        upstream = values.pop("upstream", None)
-        if not isinstance(upstream, str):
-            raise ServingError(f"upstream: required (set {ENV_PREFIX}UPSTREAM)")
-        keys = [key.strip() for key in env.get(API_KEY_ENV, "").split(",") if key.strip()]
-        return cls.create(upstream=upstream, api_keys=keys, **values)
+    def from_env(cls, **fields: Any) -> GatewaySettings:
+        """Settings from `SERVING_GATEWAY_<FIELD>` and `SERVING_API_KEY`; `fields` win."""
+        return cls.load(**fields)
 
 
-def _check_upstream(url: str) -> str:
-    try:
-        parts = urlsplit(url)
-        port = parts.port
-    except ValueError as exc:
-        raise ServingError(f"upstream: {url!r} is not a valid URL ({exc})") from exc
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ServingError(f"upstream: {url!r} must be an http:// or https:// URL with a host")
-    if parts.query or parts.fragment or parts.username or parts.password:
-        raise ServingError(f"upstream: {url!r} must not carry credentials, a query or fragment")
-    if port == 0:
-        raise ServingError(f"upstream: {url!r} has port 0")
-    return url.rstrip("/")
+class _Environment(EnvSettingsSource):
+    """`SERVING_GATEWAY_<FIELD>` for each field but the development keys: those come from
+    `SERVING_API_KEY`, plain and comma-separated, and are hashed here."""
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        if field_name == "api_key_digests":
+            return None, field_name, False
+        return super().get_field_value(field, field_name)
+
+    def __call__(self) -> dict[str, Any]:
+        values = super().__call__()
+        keys = split_dev_keys(os.environ.get(API_KEY_ENV, ""))
+        if keys:
+            values["api_key_digests"] = hash_keys(keys)
+        return values
 
 
-def _check_key(key: str) -> str:
+def cli_source(parser: argparse.ArgumentParser | None = None) -> CliSettingsSource[GatewaySettings]:
+    """The flags generated from `GatewaySettings`, added to `parser` (or a parser of its own);
+    load parsed arguments with `source(parsed_args=namespace)`."""
+    return CliSettingsSource(GatewaySettings, root_parser=parser, cli_shortcuts=flag_aliases())
+
+
+def flag_aliases() -> dict[str, list[str]]:
+    """Generated flag name -> the older spellings kept for it (from `FlagAlias` metadata)."""
+    aliases: dict[str, list[str]] = {}
+    for name, field in GatewaySettings.model_fields.items():
+        kept = [
+            item.flag.removeprefix("--") for item in field.metadata if isinstance(item, FlagAlias)
+        ]
+        if kept:
+            aliases[name.replace("_", "-")] = kept
+    return aliases
+
+
+def flag_name(field: str) -> str:
+    return "--" + field.replace("_", "-")
+
+
+def env_name(field: str) -> str:
+    return ENV_PREFIX + field.upper()
+
+
+def split_dev_keys(text: str) -> list[str]:
+    """The development keys in a `SERVING_API_KEY` value: comma-separated, blanks ignored."""
+    return [check_key(key.strip(), where=API_KEY_ENV) for key in text.split(",") if key.strip()]
+
+
+def check_key(key: str, *, where: str = "api_key") -> str:
     if not key or not key.isascii() or not key.isprintable() or any(c.isspace() for c in key):
-        raise ServingError("api_key: must be non-empty printable ASCII without spaces")
+        raise ServingError(f"{where}: a key must be non-empty printable ASCII without spaces")
     return key
 
 
-def _check_int(name: str, value: object, *, low: int, high: int | None = None) -> None:
-    if (
-        not isinstance(value, int)
-        or isinstance(value, bool)
-        or value < low
-        or (high is not None and value > high)
-    ):
-        bound = f"between {low} and {high}" if high is not None else f">= {low}"
-        raise ServingError(f"{name}: {value!r} is not an integer {bound}")
+def hash_keys(keys: Iterable[str]) -> tuple[str, ...]:
+    """Development keys as the digests the settings keep (the keys themselves are dropped)."""
+    # Imported here: the keys package loads its stores, which `serving --help` does not need.
+    from serving.gateway.keys.credentials import hash_secret
+
+    return tuple(hash_secret(check_key(key)) for key in keys)
 
 
-def _check_positive(name: str, value: object) -> None:
-    if (
-        not isinstance(value, int | float)
-        or isinstance(value, bool)
-        or not math.isfinite(value)
-        or value <= 0
-    ):
-        raise ServingError(f"{name}: {value!r} is not a positive number of seconds")
-
-
-def _parse_env(name: str, raw: str, annotation: object) -> object:
-    kind = str(annotation)
-    try:
-        if kind == "int":
-            return int(raw)
-        if kind == "float":
-            return float(raw)
-    except ValueError as exc:
-        raise ServingError(f"{name}: {raw!r} is not a number") from exc
-    return raw
+def settings_error(exc: ValidationError) -> ServingError:
+    """One line naming each bad field, its value, and where it can be set."""
+    problems = []
+    fields = GatewaySettings.model_fields
+    for error in exc.errors(include_url=False):
+        name = str(error["loc"][0]) if error["loc"] else ""
+        # a validator's own ValueError, without pydantic's "Value error, " in front
+        reason = str(error["ctx"]["error"]) if error["type"] == "value_error" else error["msg"]
+        if not name:
+            problems.append(reason)
+        elif name not in fields:
+            problems.append(f"{name}: not a gateway setting")
+        elif error["type"] == "missing":
+            problems.append(f"{name}: required ({flag_name(name)} or {env_name(name)})")
+        else:
+            shown = "(hidden)" if name == "api_key_digests" else repr(error["input"])
+            problems.append(
+                f"{name}: {shown} is not valid: {reason} ({flag_name(name)} or {env_name(name)})"
+            )
+    return ServingError("; ".join(problems))

@@ -101,3 +101,11 @@ def eventually(check: Callable[[], bool], timeout: float = 5.0) -> bool:
             return False
         time.sleep(0.01)
     return True
+
+
+@pytest.fixture
+def strict(make_gateway: GatewayFactory, keys: SqliteKeyStore) -> GatewayServer:
+    """A gateway with a key store, a 1000-byte body limit and 0.3 s read deadlines."""
+    return make_gateway(
+        keys_db=str(keys.path), max_body_bytes=1000, header_timeout_s=0.3, body_timeout_s=0.3
+    )

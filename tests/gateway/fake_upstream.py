@@ -160,6 +160,8 @@ class FakeUpstream:
     def __init__(self, *, chunk_delay_s: float = 0.02) -> None:
         self.chunk_delay_s = chunk_delay_s
         self.healthy = True
+        self.health_checks = 0
+        """Requests to `/health` so far."""
         self.port = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -240,6 +242,7 @@ class FakeUpstream:
             ("POST", "/v1/gated-stream", self._gated_stream),
             ("POST", "/v1/bad-request", self._bad_request),
             ("GET", "/v1/legacy-error", self._legacy_error),
+            ("GET", "/v1/redirect-to-self", self._redirect_to_self),
             ("GET", "/v1/html-500", self._html_500),
             ("GET", "/v1/detail-404", self._detail_404),
             ("GET", "/v1/big-json", self._big_json),
@@ -276,7 +279,12 @@ class FakeUpstream:
         return tracked
 
     async def _health(self, request: web.Request) -> web.StreamResponse:
+        self.health_checks += 1
         return web.json_response({}, status=200 if self.healthy else 503)
+
+    async def _redirect_to_self(self, request: web.Request) -> web.StreamResponse:
+        # What vLLM (Starlette) answers for a path with an extra trailing slash.
+        raise web.HTTPTemporaryRedirect(f"{self.url}/v1/models?x=1")
 
     async def _models(self, request: web.Request) -> web.StreamResponse:
         model = {"id": "fake", "object": "model", "max_model_len": 2048}

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import http.client
+import time
 
+import httpx
 import pytest
 
 from serving.gateway.app import ClientDisconnected, GatewayApp, create_app, read_body
-from serving.gateway.asgi import Message, Receive
 from serving.gateway.errors import BodyTooLargeError
 from serving.gateway.settings import GatewaySettings
+from serving.gateway.types import Message, Receive
 from tests.gateway.conftest import GatewayFactory
 from tests.gateway.fake_upstream import FakeUpstream
 from tests.gateway.servers import OTHER_KEY, TEST_KEY, GatewayServer, closed_port, http_client
@@ -74,18 +76,46 @@ def test_healthz_needs_no_key_and_no_upstream(make_gateway: GatewayFactory) -> N
     assert "x-request-id" in response.headers
 
 
-def test_readyz_follows_upstream_health(gateway: GatewayServer, upstream: FakeUpstream) -> None:
+def test_readyz_follows_the_health_monitor(
+    make_gateway: GatewayFactory, upstream: FakeUpstream
+) -> None:
+    gateway = make_gateway(health_interval_s=0.05)
     with http_client(gateway.url, key=None) as http:
         assert http.get("/readyz").status_code == 200
         upstream.healthy = False
         try:
-            failing = http.get("/readyz")
+            failing = wait_for_status(http, "/readyz", 503)
         finally:
             upstream.healthy = True
-        assert http.get("/readyz").status_code == 200
-    assert failing.status_code == 503
+        wait_for_status(http, "/readyz", 200)
     assert failing.json()["reason"] == "upstream /health answered 503"
     assert failing.headers["retry-after"] == "1"
+
+
+def test_readyz_never_calls_the_upstream(make_gateway: GatewayFactory) -> None:
+    """/readyz needs no key: if it probed vLLM, anyone could multiply the engine's load."""
+    own = FakeUpstream()  # no other gateway checks this one's health
+    own.start()
+    try:
+        gateway = make_gateway(upstream=own.url, health_interval_s=3600)  # no check meanwhile
+        before = own.health_checks
+        with http_client(gateway.url, key=None) as http:
+            answers = {http.get("/readyz").status_code for _ in range(20)}
+        assert answers == {200}
+        assert before == 1  # the one check at startup
+        assert own.health_checks == before
+    finally:
+        own.stop()
+
+
+def wait_for_status(http: httpx.Client, path: str, status: int) -> httpx.Response:
+    deadline = time.monotonic() + 20
+    while True:
+        response = http.get(path)
+        if response.status_code == status or time.monotonic() > deadline:
+            assert response.status_code == status
+            return response
+        time.sleep(0.05)
 
 
 def test_readyz_503_when_upstream_unreachable(make_gateway: GatewayFactory) -> None:
@@ -192,3 +222,16 @@ def test_lifespan_opens_and_closes_the_upstream_session() -> None:
     assert [m["type"] for m in sent] == ["lifespan.startup.complete", "lifespan.shutdown.complete"]
     with pytest.raises(RuntimeError, match="lifespan"):
         _ = app.upstream.session
+
+
+# -- paths vLLM would redirect -------------------------------------------------------------
+
+
+def test_an_upstream_redirect_to_itself_reaches_the_client_relative(
+    gateway: GatewayServer, upstream: FakeUpstream
+) -> None:
+    with http_client(gateway.url) as http:
+        response = http.get("/v1/redirect-to-self")
+    assert response.status_code == 307
+    assert response.headers["location"] == "/v1/models?x=1"
+    assert str(upstream.port) not in response.text + str(response.headers)

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from serving.gateway.auth import Principal, StaticKeyAuthenticator, parse_bearer
 from serving.gateway.errors import AuthenticationError
-from serving.gateway.settings import digest_key
+from serving.gateway.keys.credentials import hash_secret
 
 tokens = st.binary(min_size=1, max_size=64).filter(
     lambda b: not any(c in b for c in b" \t\r\n\x0b\x0c")
@@ -29,14 +29,14 @@ def test_parse_bearer_rejects(value: bytes | None) -> None:
 
 
 def test_authenticate_finds_each_key() -> None:
-    auth = StaticKeyAuthenticator([digest_key("sk-a"), digest_key("sk-b")])
+    auth = StaticKeyAuthenticator([hash_secret("sk-a"), hash_secret("sk-b")])
     assert auth.authenticate(b"Bearer sk-a") == Principal(key_id="dev")
     assert auth.authenticate(b"Bearer sk-b") == Principal(key_id="dev-1")
 
 
 @pytest.mark.parametrize("value", [None, b"Bearer sk-c", b"Basic sk-a", b"sk-a", b"Bearer "])
 def test_authenticate_failures_are_identical(value: bytes | None) -> None:
-    auth = StaticKeyAuthenticator([digest_key("sk-a")])
+    auth = StaticKeyAuthenticator([hash_secret("sk-a")])
     with pytest.raises(AuthenticationError) as caught:
         auth.authenticate(value)
     assert caught.value.body() == AuthenticationError().body()

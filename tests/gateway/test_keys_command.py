@@ -10,8 +10,10 @@ from pathlib import Path
 import pytest
 
 from serving import cli
+from serving.gateway.command import settings_from_args
 from serving.gateway.keys import FileKeyStore, SqliteKeyStore
 from serving.gateway.quota import Limits
+from serving.paths import keys_db_path
 
 SECRET = re.compile(r"sk-[0-9a-f]{8}-[A-Za-z0-9]{40}")
 
@@ -164,3 +166,18 @@ def test_importing_the_command_stays_light() -> None:
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True
     )
     assert result.stdout.strip() == "[]"
+
+
+def test_keys_and_the_gateway_share_one_default_store(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The README's `serving keys create` writes the file `serving gateway`/`serving up` read."""
+    monkeypatch.delenv("SERVING_GATEWAY_KEYS_DB", raising=False)
+    monkeypatch.delenv("SERVING_GATEWAY_KEYS_FILE", raising=False)
+    monkeypatch.setenv("SERVING_HOME", str(tmp_path / "home"))
+    code, out, _ = serving(capsys, "keys", "create", "--name", "a")
+    assert code == 0
+    written = re.search(r"^created key_[0-9a-f]{8} \(a\) in (\S+)$", out, re.MULTILINE)
+    assert written is not None, out
+    args = cli.build_parser().parse_args(["gateway", "--upstream", "http://127.0.0.1:1"])
+    assert written.group(1) == str(keys_db_path()) == settings_from_args(args).keys_db

@@ -12,6 +12,7 @@ from serving.gateway.openai_request import (
     BASE_TOKENS,
     PER_MESSAGE_TOKENS,
     TOOLS_TOKENS,
+    check_max_tokens,
     parse_completion_request,
     render_upstream_body,
 )
@@ -128,3 +129,31 @@ def test_render_sets_max_tokens_and_forces_usage_in_streams() -> None:
     plain = parse_completion_request("chat", chat(extra_field={"kept": True}))
     rendered = json.loads(render_upstream_body(plain, max_tokens=3))
     assert "stream_options" not in rendered and rendered["extra_field"] == {"kept": True}
+
+
+@pytest.mark.parametrize(("value", "expected"), [(None, None), (1, 1), (10**9, 10**9)])
+def test_check_max_tokens_accepts(value: object, expected: object) -> None:
+    assert check_max_tokens(value) == expected  # huge is fine here: the quota engine caps it
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        (0, "max_tokens must be at least 1, got 0"),
+        (-5, "max_tokens must be at least 1, got -5"),
+        (1.5, "max_tokens must be an integer, got 1.5"),
+        (2.0, "max_tokens must be an integer, got 2.0"),
+        ("7", "max_tokens must be an integer, got '7'"),
+        (True, "max_tokens must be an integer, got True"),
+    ],
+)
+def test_check_max_tokens_rejects(value: object, message: str) -> None:
+    with pytest.raises(InvalidRequestError) as caught:
+        check_max_tokens(value)
+    assert (caught.value.message, caught.value.param) == (message, "max_tokens")
+
+
+def test_check_max_tokens_names_the_param_it_was_given() -> None:
+    with pytest.raises(InvalidRequestError) as caught:
+        check_max_tokens(-1, "max_completion_tokens")
+    assert caught.value.param == "max_completion_tokens"

@@ -1,34 +1,240 @@
-"""GatewaySettings: validation names the field; keys are kept only as digests."""
+"""GatewaySettings: one model for flags, environment and defaults; errors name the field;
+development keys are kept only as digests.
+
+`GOOD` and `BAD` hold a value for every field, so a new field must be added here, and then
+its flag, its variable and its validation are tested with the others.
+"""
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
+from serving import cli
 from serving.errors import ServingError
-from serving.gateway.settings import GatewaySettings, digest_key
+from serving.gateway.command import settings_from_args
+from serving.gateway.keys.credentials import hash_secret
+from serving.gateway.settings import (
+    ENV_PREFIX,
+    GatewaySettings,
+    env_name,
+    flag_aliases,
+    flag_name,
+)
 
 URL = "http://127.0.0.1:8001"
+
+# field -> (a valid value that is not the default, as typed, and what it parses to)
+GOOD: dict[str, tuple[str, object]] = {
+    "upstream": ("http://10.0.0.1:9000/", "http://10.0.0.1:9000"),
+    "keys_db": ("/srv/serving/k.db", "/srv/serving/k.db"),
+    "keys_file": ("/etc/serving/keys.yaml", "/etc/serving/keys.yaml"),
+    "host": ("0.0.0.0", "0.0.0.0"),
+    "port": ("9000", 9000),
+    "max_body_bytes": ("1000", 1000),
+    "upstream_connect_timeout_s": ("1.5", 1.5),
+    "upstream_idle_timeout_s": ("60", 60.0),
+    "upstream_keepalive_s": ("2", 2.0),
+    "upstream_max_connections": ("8", 8),
+    "readiness_timeout_s": ("0.5", 0.5),
+    "retry_after_s": ("3", 3),
+    "header_timeout_s": ("2", 2.0),
+    "body_timeout_s": ("3", 3.0),
+    "default_max_tokens": ("64", 64),
+    "lease_ttl_s": ("120", 120.0),
+    "health_interval_s": ("0.25", 0.25),
+    "drain_delay_s": ("0", 0.0),
+    "graceful_shutdown_s": ("7", 7),
+}
+# field -> a value it refuses
+BAD: dict[str, str] = {
+    "upstream": "localhost:8001",
+    "keys_db": "",
+    "keys_file": "",
+    "host": "",
+    "port": "70000",
+    "max_body_bytes": "0",
+    "upstream_connect_timeout_s": "0",
+    "upstream_idle_timeout_s": "nan",
+    "upstream_keepalive_s": "-1",
+    "upstream_max_connections": "-1",
+    "readiness_timeout_s": "inf",
+    "retry_after_s": "1.5",
+    "header_timeout_s": "soon",
+    "body_timeout_s": "0",
+    "default_max_tokens": "0",
+    "lease_ttl_s": "-5",
+    "health_interval_s": "0",
+    "drain_delay_s": "-1",
+    "graceful_shutdown_s": "2.5",
+}
+# Set as digests only, from --api-key or SERVING_API_KEY (tested below).
+SETTINGS = [name for name in GatewaySettings.model_fields if name != "api_key_digests"]
+# The flag spellings callers used before the flags were generated (README, stack.py, bench).
+LEGACY_FLAGS = {
+    "--upstream-idle-timeout": "upstream_idle_timeout_s",
+    "--upstream-connect-timeout": "upstream_connect_timeout_s",
+    "--header-timeout": "header_timeout_s",
+    "--body-timeout": "body_timeout_s",
+    "--drain-delay": "drain_delay_s",
+    "--graceful-timeout": "graceful_shutdown_s",
+}
+
+
+@pytest.fixture(autouse=True)
+def clean_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
+    """No SERVING_GATEWAY_* or SERVING_API_KEY from the caller; a serving home of our own."""
+    for name in list(os.environ):
+        if name.startswith(ENV_PREFIX) or name == "SERVING_API_KEY":
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("SERVING_HOME", str(tmp_path / "home"))
+    yield
+
+
+def from_flags(*argv: str) -> GatewaySettings:
+    """Settings as `serving gateway ARGV` builds them."""
+    return settings_from_args(cli.build_parser().parse_args(["gateway", *argv]))
+
+
+def base_flags(field: str) -> list[str]:
+    """The flags needed besides `field` (an upstream and a key source)."""
+    return [] if field == "upstream" else ["--upstream", URL]
+
+
+def test_every_setting_has_test_values() -> None:
+    assert set(GOOD) == set(BAD) == set(SETTINGS)
+
+
+@pytest.mark.parametrize("field", SETTINGS)
+def test_every_field_has_a_variable(field: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    typed, parsed = GOOD[field]
+    monkeypatch.setenv(env_name(field), typed)
+    if field != "upstream":
+        monkeypatch.setenv(env_name("upstream"), URL)
+    assert getattr(GatewaySettings.from_env(), field) == parsed
+
+
+@pytest.mark.parametrize("field", SETTINGS)
+def test_every_field_has_a_flag(field: str) -> None:
+    typed, parsed = GOOD[field]
+    settings = from_flags(*base_flags(field), flag_name(field), typed)
+    assert getattr(settings, field) == parsed
+
+
+@pytest.mark.parametrize("field", SETTINGS)
+def test_a_bad_variable_names_the_field_the_value_and_the_variable(
+    field: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(env_name(field), BAD[field])
+    monkeypatch.setenv(env_name("upstream"), URL if field != "upstream" else BAD[field])
+    with pytest.raises(ServingError) as caught:
+        GatewaySettings.from_env()
+    message = str(caught.value)
+    assert message.startswith(f"{field}: {BAD[field]!r}"), message
+    assert env_name(field) in message and flag_name(field) in message
+
+
+@pytest.mark.parametrize("field", SETTINGS)
+def test_a_bad_flag_names_the_field_and_the_value(field: str) -> None:
+    with pytest.raises(ServingError) as caught:
+        from_flags(*base_flags(field), flag_name(field), BAD[field])
+    message = str(caught.value)
+    assert message.startswith(f"{field}: {BAD[field]!r}"), message
+    assert flag_name(field) in message
+
+
+@pytest.mark.parametrize(("flag", "field"), LEGACY_FLAGS.items())
+def test_older_flag_spellings_still_work(flag: str, field: str) -> None:
+    typed, parsed = GOOD[field]
+    assert getattr(from_flags("--upstream", URL, flag, typed), field) == parsed
+    assert flag.removeprefix("--") in flag_aliases()[field.replace("_", "-")]
+
+
+def test_a_flag_beats_the_environment_which_beats_the_default(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert from_flags("--upstream", URL).lease_ttl_s == 600.0
+    monkeypatch.setenv("SERVING_GATEWAY_LEASE_TTL_S", "120")
+    monkeypatch.setenv("SERVING_GATEWAY_DRAIN_DELAY_S", "9")
+    monkeypatch.setenv("SERVING_GATEWAY_UPSTREAM", "http://from-env:1")
+    settings = from_flags("--lease-ttl-s", "30")
+    assert (settings.lease_ttl_s, settings.drain_delay_s) == (30.0, 9.0)
+    assert settings.upstream == "http://from-env:1"
+    assert from_flags("--drain-delay", "0").drain_delay_s == 0.0
+    assert GatewaySettings.from_env(lease_ttl_s=45).lease_ttl_s == 45.0
+
+
+def test_development_keys_from_the_environment_are_hashed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("SERVING_API_KEY", "sk-a, sk-b,,")
+    settings = GatewaySettings.from_env(upstream=URL)
+    assert settings.api_key_digests == (hash_secret("sk-a"), hash_secret("sk-b"))
+    assert "sk-a" not in repr(settings) and "api_key_digests" not in repr(settings)
+    assert hash_secret("sk-a") not in repr(settings)
+    # --api-key beats the variable
+    assert from_flags("--upstream", URL, "--api-key", "sk-c").api_key_digests == (
+        hash_secret("sk-c"),
+    )
+
+
+@pytest.mark.parametrize("value", ["has space", "sk-ok,tab\tkey", "nön-ascii"])
+def test_a_bad_development_key_names_the_variable(
+    value: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SERVING_API_KEY", value)
+    with pytest.raises(ServingError, match="SERVING_API_KEY"):
+        GatewaySettings.from_env(upstream=URL)
+
+
+def test_loaded_settings_default_to_the_serving_home_key_store(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings = GatewaySettings.from_env(upstream=URL)
+    assert (settings.keys_db, settings.keys_file) == (str(tmp_path / "home" / "keys.db"), None)
+    assert settings.api_key_digests == ()
+    monkeypatch.setenv("SERVING_GATEWAY_KEYS_FILE", "/etc/keys.yaml")
+    only_file = GatewaySettings.from_env(upstream=URL)
+    assert (only_file.keys_db, only_file.keys_file) == (None, "/etc/keys.yaml")
+    both = GatewaySettings.from_env(upstream=URL, keys_db="/k.db")
+    assert (both.keys_db, both.keys_file) == ("/k.db", "/etc/keys.yaml")
+
+
+def test_upstream_is_required() -> None:
+    with pytest.raises(ServingError, match=r"upstream: required.*SERVING_GATEWAY_UPSTREAM"):
+        GatewaySettings.from_env()
+
+
+# `create`: exactly the values given, nothing from the environment.
 
 
 def test_create_stores_digests_only() -> None:
     settings = GatewaySettings.create(upstream=URL + "/", api_keys=["sk-one", "sk-two"])
     assert settings.upstream == URL
-    assert settings.api_key_digests == (
-        hashlib.sha256(b"sk-one").digest(),
-        hashlib.sha256(b"sk-two").digest(),
-    )
+    assert settings.api_key_digests == (hash_secret("sk-one"), hash_secret("sk-two"))
     assert "sk-one" not in repr(settings)
     assert "api_key_digests" not in repr(settings)
-    assert digest_key("sk-one") == settings.api_key_digests[0]
+
+
+def test_create_ignores_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SERVING_GATEWAY_PORT", "9")
+    monkeypatch.setenv("SERVING_API_KEY", "sk-env")
+    settings = GatewaySettings.create(upstream=URL, api_keys=["k"])
+    assert (settings.port, settings.api_key_digests, settings.keys_db) == (
+        8000,
+        (hash_secret("k"),),
+        None,
+    )
 
 
 def test_settings_are_frozen() -> None:
     settings = GatewaySettings.create(upstream=URL, api_keys=["k"])
-    with pytest.raises(dataclasses.FrozenInstanceError):
-        settings.port = 1  # type: ignore[misc]
+    with pytest.raises(ValidationError, match="frozen"):
+        settings.port = 1
 
 
 @pytest.mark.parametrize(
@@ -52,52 +258,28 @@ def test_bad_upstream(upstream: str, words: str) -> None:
     ("options", "field"),
     [
         ({"port": 70000}, "port"),
-        ({"port": "80"}, "port"),
+        ({"port": "eighty"}, "port"),
         ({"max_body_bytes": 0}, "max_body_bytes"),
         ({"upstream_idle_timeout_s": -1.0}, "upstream_idle_timeout_s"),
         ({"upstream_idle_timeout_s": float("nan")}, "upstream_idle_timeout_s"),
         ({"upstream_connect_timeout_s": 0}, "upstream_connect_timeout_s"),
         ({"retry_after_s": 1.5}, "retry_after_s"),
         ({"host": ""}, "host"),
+        ({"drain_delay_s": -1}, "drain_delay_s"),
+        ({"body_timeout_s": float("inf")}, "body_timeout_s"),
+        ({"keys_db": ""}, "keys_db"),
         ({"no_such_field": 1}, "no_such_field"),
     ],
 )
 def test_bad_values_name_the_field(options: dict[str, object], field: str) -> None:
-    with pytest.raises(ServingError, match=field):
+    with pytest.raises(ServingError, match=f"^{field}: "):
         GatewaySettings.create(upstream=URL, api_keys=["k"], **options)
 
 
-@pytest.mark.parametrize("keys", [[], [""], ["has space"], ["tab\tkey"], ["nön-ascii"]])
+@pytest.mark.parametrize("keys", [[""], ["has space"], ["tab\tkey"], ["nön-ascii"]])
 def test_bad_keys(keys: list[str]) -> None:
     with pytest.raises(ServingError, match="api_key"):
         GatewaySettings.create(upstream=URL, api_keys=keys)
-
-
-def test_from_env() -> None:
-    env = {
-        "SERVING_GATEWAY_UPSTREAM": URL,
-        "SERVING_GATEWAY_PORT": "9000",
-        "SERVING_GATEWAY_UPSTREAM_IDLE_TIMEOUT_S": "12.5",
-        "SERVING_API_KEY": "sk-a, sk-b",
-    }
-    settings = GatewaySettings.from_env(env, host="0.0.0.0")
-    assert (settings.port, settings.upstream_idle_timeout_s, settings.host) == (
-        9000,
-        12.5,
-        "0.0.0.0",
-    )
-    assert settings.api_key_digests == (digest_key("sk-a"), digest_key("sk-b"))
-
-
-def test_from_env_errors_name_the_variable() -> None:
-    with pytest.raises(ServingError, match="SERVING_GATEWAY_UPSTREAM"):
-        GatewaySettings.from_env({"SERVING_API_KEY": "k"})
-    with pytest.raises(ServingError, match="SERVING_GATEWAY_PORT"):
-        GatewaySettings.from_env(
-            {"SERVING_GATEWAY_UPSTREAM": URL, "SERVING_GATEWAY_PORT": "x", "SERVING_API_KEY": "k"}
-        )
-    with pytest.raises(ServingError, match="SERVING_API_KEY"):
-        GatewaySettings.from_env({"SERVING_GATEWAY_UPSTREAM": URL})
 
 
 def test_a_key_source_is_required() -> None:
@@ -105,18 +287,3 @@ def test_a_key_source_is_required() -> None:
         GatewaySettings.create(upstream=URL, api_keys=[])
     assert GatewaySettings.create(upstream=URL, api_keys=[], keys_db="/k.db").keys_db == "/k.db"
     assert GatewaySettings.create(upstream=URL, api_keys=[], keys_file="/k.yaml").keys_file
-
-
-@pytest.mark.parametrize(
-    ("options", "field"),
-    [
-        ({"drain_delay_s": -1}, "drain_delay_s"),
-        ({"header_timeout_s": 0}, "header_timeout_s"),
-        ({"body_timeout_s": float("inf")}, "body_timeout_s"),
-        ({"default_max_tokens": 0}, "default_max_tokens"),
-        ({"keys_db": ""}, "keys_db"),
-    ],
-)
-def test_new_fields_are_validated(options: dict[str, object], field: str) -> None:
-    with pytest.raises(ServingError, match=field):
-        GatewaySettings.create(upstream=URL, api_keys=["k"], **options)

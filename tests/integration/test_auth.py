@@ -54,3 +54,26 @@ def test_engine_is_on_loopback_and_not_the_gateway_port(stack: Stack) -> None:
         if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr[1] == engine.port
     ]
     assert listening and set(listening) == {"127.0.0.1"}, listening
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions/", "/v1/completions/"])
+def test_a_trailing_slash_never_sends_the_client_to_the_engine(stack: Stack, path: str) -> None:
+    """vLLM itself answers these with a 307 to its own address; through the gateway they
+    are served (and metered) at the path vLLM serves."""
+    engine = urlparse(stack.engine_url)
+    body = (
+        {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        if "chat" in path
+        else {"model": MODEL, "prompt": "hi", "max_tokens": 2}
+    )
+    request = urllib.request.Request(
+        f"{stack.gateway_url}{path}",
+        data=json.dumps(body).encode(),
+        headers={"Authorization": f"Bearer {stack.api_key}", "Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=60) as response:  # follows no redirect: 200
+        assert response.status == 200
+        assert "location" not in {name.lower() for name in response.headers}
+        answer = json.loads(response.read())
+    assert answer["usage"]["completion_tokens"] >= 1
+    assert str(engine.port) not in json.dumps(answer)

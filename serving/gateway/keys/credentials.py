@@ -5,6 +5,9 @@ gateway find the one record to compare against without a table scan and is safe 
 logs and metrics; the 40 random characters (~238 bits) are what makes it secret. Stores keep
 only the SHA-256 of the whole secret. A plain hash suffices (no slow KDF) because the secret
 is random, not a password a person chose.
+
+`hash_secret` is the one way any key is hashed: store keys here, development keys in the
+gateway's settings and in `auth` when a request presents one.
 """
 
 from __future__ import annotations
@@ -45,8 +48,10 @@ def is_key_id(value: str) -> bool:
     return KEY_ID_PATTERN.fullmatch(value) is not None
 
 
-def hash_secret(secret: str) -> str:
-    return hashlib.sha256(secret.encode("utf-8")).hexdigest()
+def hash_secret(secret: str | bytes) -> str:
+    """The SHA-256 of a key, as 64 lowercase hex digits: what is stored and compared."""
+    data = secret.encode("utf-8") if isinstance(secret, str) else secret
+    return hashlib.sha256(data).hexdigest()
 
 
 def secret_matches(secret: str, secret_sha256: str) -> bool:

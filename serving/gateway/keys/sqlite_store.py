@@ -50,7 +50,7 @@ _ID_ATTEMPTS = 5  # 8 hex digits: a collision is rare, twice in a row practicall
 
 
 class SqliteKeyStore:
-    """Usage: `store = SqliteKeyStore(serving_home() / "keys.db")`."""
+    """Usage: `store = SqliteKeyStore(paths.keys_db_path())`."""
 
     def __init__(self, path: Path) -> None:
         self.path = path

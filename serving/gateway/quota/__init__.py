@@ -1,39 +1,41 @@
 """Quota engine: per-key (and per key+model) limits that hold under concurrency and streams.
 
-`QuotaEngine` reserves at admission and settles with real usage; counters live behind a
-`QuotaStore` (`InMemoryQuotaStore` for one process). See `engine` for the request lifecycle,
-`windows` for what "per minute" means exactly.
+limits     what a key may use (`Limits`) and the scopes they apply to
+windows    clocks, the sliding minute and calendar budgets ("per minute", exactly)
+decision   what admission decides: a `Lease` or a `Refusal`, with the rate-limit state
+engine     `QuotaEngine`: reserve at admission, settle with real usage (the lifecycle)
+store      where counters live (`QuotaStore`; `InMemoryQuotaStore` for one process)
+journal    day and month spending on disk, added up by every writer
 """
 
-from serving.gateway.quota.admission import Admission, Refusal, RefusalReason
-from serving.gateway.quota.clock import Clock, ManualClock, SystemClock
-from serving.gateway.quota.engine import QuotaEngine
-from serving.gateway.quota.headers import (
+from serving.gateway.quota.decision import (
+    Admission,
+    Lease,
+    LeaseState,
     RateLimitStatus,
+    Refusal,
+    RefusalReason,
     WindowStatus,
     format_reset,
     rate_limit_headers,
     rate_limit_raw_headers,
 )
+from serving.gateway.quota.engine import QuotaEngine
 from serving.gateway.quota.journal import BudgetJournal, SqliteBudgetJournal
-from serving.gateway.quota.lease import Lease, LeaseState
 from serving.gateway.quota.limits import (
-    InvalidParam,
     Limits,
     QuotaSubject,
     Scope,
     ScopedLimits,
-    check_max_tokens,
 )
-from serving.gateway.quota.memory import InMemoryQuotaStore
-from serving.gateway.quota.store import QuotaStore, ScopeUsage
+from serving.gateway.quota.store import InMemoryQuotaStore, QuotaStore, ScopeUsage
+from serving.gateway.quota.windows import Clock, ManualClock, SystemClock
 
 __all__ = [
     "Admission",
     "BudgetJournal",
     "Clock",
     "InMemoryQuotaStore",
-    "InvalidParam",
     "Lease",
     "LeaseState",
     "Limits",
@@ -50,7 +52,6 @@ __all__ = [
     "SqliteBudgetJournal",
     "SystemClock",
     "WindowStatus",
-    "check_max_tokens",
     "format_reset",
     "rate_limit_headers",
     "rate_limit_raw_headers",

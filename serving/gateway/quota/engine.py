@@ -22,9 +22,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from serving.gateway.quota.admission import Admission, Refusal
-from serving.gateway.quota.headers import RateLimitStatus
-from serving.gateway.quota.lease import Lease, LeaseState
+from serving.gateway.quota.decision import Admission, Lease, LeaseState, RateLimitStatus, Refusal
 from serving.gateway.quota.limits import QuotaSubject, ScopedLimits, scoped_limits
 from serving.gateway.quota.store import QuotaStore
 
@@ -59,18 +57,26 @@ class QuotaEngine:
         *,
         context_window: int | None = None,
     ) -> Admission | Refusal:
-        """Reserve for one request of `key` to `model`, or refuse without consuming anything.
+        """Reserve for one request of `key` to `model`, or refuse without consuming anything:
+        `allowed_max_tokens` then `reserve`.
 
-        `requested_max_tokens` must have passed `check_max_tokens` (None: the client sent
-        none). `context_window`, the model's max_model_len, keeps an implied max_tokens from
+        `requested_max_tokens` must be a valid client value (None: the client sent none).
+        `context_window`, the model's max_model_len, keeps an implied max_tokens from
         exceeding what the model can generate after the prompt.
         """
-        if prompt_tokens_estimate < 0:
-            raise ValueError(f"prompt_tokens_estimate must be >= 0, got {prompt_tokens_estimate}")
         scopes = scoped_limits(key, model)
         max_tokens = self.allowed_max_tokens(
             scopes, requested_max_tokens, prompt_tokens_estimate, context_window
         )
+        return self.reserve(scopes, prompt_tokens_estimate, max_tokens)
+
+    def reserve(
+        self, scopes: tuple[ScopedLimits, ...], prompt_tokens_estimate: int, max_tokens: int
+    ) -> Admission | Refusal:
+        """Reserve `prompt_tokens_estimate + max_tokens` (max_tokens already allowed) in every
+        scope, or refuse without consuming anything."""
+        if prompt_tokens_estimate < 0:
+            raise ValueError(f"prompt_tokens_estimate must be >= 0, got {prompt_tokens_estimate}")
         outcome = self.store.try_reserve(
             scopes, prompt_tokens_estimate, max_tokens, self._lease_ttl
         )

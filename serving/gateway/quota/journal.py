@@ -1,17 +1,45 @@
-"""Day and month budgets on disk, so restarting the single-process gateway loses nothing.
+"""Day and month budgets on disk: settled charges, added up by every process sharing the file.
+
+What a row holds. `quota_budgets` has one row per (key, model, day|month, period) with the
+tokens charged in it. Only settled charges are written: when a lease ends (settled, aborted,
+or expired with its whole reservation) its charge is *added* to the rows of the day and month
+it was admitted in (`spent = spent + excluded.spent`). Reservations of running requests are
+never written, so gateways sharing one keys.db each add only what they charged and the rows
+are the sum; a crash forgets the requests that were running (their tokens were never
+confirmed) and never over-charges.
+
+How it is written. `record()` runs on the event loop and only puts the charge on a queue.
+One writer thread takes everything queued, sums it per row and commits it in one transaction
+(group commit), then rests `COMMIT_INTERVAL_S` before it comes back for more: idle, a commit
+carries one charge; under load, all that arrived in the last interval. So a charge is on disk
+at most an interval and a commit after it was recorded, and that is what a SIGKILL can lose.
+The rest keeps a busy gateway from spending a core on SQLite (measured: committing after
+every request cost 15-20 µs of the event loop's CPU per request through the GIL, about a
+tenth of the gateway's whole per-request cost). Commits survive a killed process (WAL,
+synchronous=NORMAL); a power cut may lose the last ones.
+
+Failures. A transaction that fails (the file locked past the busy timeout, disk full, I/O) is
+rolled back, counted (`failures()`, exported as `gateway_budget_flush_failures_total`),
+logged, and retried with the same deltas after a back-off; charges that arrive meanwhile wait
+for the next transaction. Each transaction also stores its (writer, batch number), so a COMMIT
+that reported an error but took effect is recognised on the retry and not applied twice.
+`close()` drains the queue, retrying until its deadline, and logs what it could not write.
 
 Only calendar budgets are persisted: minute windows refill within a minute of a restart
-anyway. Rows are the whole spent amount of a (key, model, day|month, period), in-flight
-reservations included, so a crash can over-charge (never under-charge) the requests that
-were running. The table lives in the same SQLite file as the keys by default.
+anyway. `load()` reads the day's and month's totals at start-up; from then on each process
+counts only its own charges (live counters shared between processes are Redis's job).
+The tables live in the same SQLite file as the keys by default.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import queue
 import sqlite3
 import threading
-from collections.abc import Sequence
+import time
+import uuid
 from pathlib import Path
 from typing import Literal, NamedTuple, Protocol
 
@@ -20,13 +48,25 @@ from serving.gateway.quota.limits import Scope
 log = logging.getLogger(__name__)
 
 BudgetKind = Literal["day", "month"]
+# (key_id, model: '' for the key-wide scope, kind, period)
+RowKey = tuple[str, str, BudgetKind, str]
+
+DEFAULT_BUSY_TIMEOUT_S = 5.0
+DEFAULT_CLOSE_TIMEOUT_S = 10.0
+COMMIT_INTERVAL_S = 0.05
+RETRY_FIRST_S = 0.05
+RETRY_MAX_S = 2.0
+# Writer marks are only needed while their writer may still retry; a month is plenty.
+WRITER_MARK_DAYS = 31
 
 
-class BudgetRow(NamedTuple):
-    scope: Scope
-    kind: BudgetKind
-    period: str  # `2025-03-01` or `2025-03`
-    spent: int
+class Charge(NamedTuple):
+    """Tokens a lease finally cost, booked in the day and month it was admitted in."""
+
+    scopes: tuple[Scope, ...]
+    day: str  # `2025-03-01`
+    month: str  # `2025-03`
+    tokens: int
 
 
 class BudgetJournal(Protocol):
@@ -34,73 +74,251 @@ class BudgetJournal(Protocol):
         """Spent amounts of the given day and month, by scope."""
         ...
 
-    def save(self, rows: Sequence[BudgetRow]) -> bool:
-        """Write rows; False (never an exception) if the disk refused, so a request that
-        happens to trigger a flush does not fail because of it."""
+    def record(self, charge: Charge) -> None:
+        """Add a settled charge to the budgets on disk. Returns at once: never blocks on the
+        disk and never raises, so it is safe on the request path."""
         ...
 
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS quota_budgets (
-    key_id TEXT NOT NULL,
-    model TEXT NOT NULL,  -- '' for the key-wide scope; model names are never empty
-    kind TEXT NOT NULL CHECK (kind IN ('day', 'month')),
-    period TEXT NOT NULL,
-    spent INTEGER NOT NULL,
-    PRIMARY KEY (key_id, model, kind, period)
+_SCHEMA = (
+    """
+    CREATE TABLE IF NOT EXISTS quota_budgets (
+        key_id TEXT NOT NULL,
+        model TEXT NOT NULL,  -- '' for the key-wide scope; model names are never empty
+        kind TEXT NOT NULL CHECK (kind IN ('day', 'month')),
+        period TEXT NOT NULL,
+        spent INTEGER NOT NULL,
+        PRIMARY KEY (key_id, model, kind, period)
+    )
+    """,
+    """
+    CREATE TABLE IF NOT EXISTS quota_budget_writers (
+        writer TEXT PRIMARY KEY,  -- one per journal instance (process start)
+        batch INTEGER NOT NULL,  -- the last batch it committed
+        written_on TEXT NOT NULL  -- UTC day, for pruning
+    )
+    """,
 )
-"""
+_ADD = (
+    "INSERT INTO quota_budgets (key_id, model, kind, period, spent) VALUES (?, ?, ?, ?, ?)"
+    " ON CONFLICT (key_id, model, kind, period)"
+    " DO UPDATE SET spent = quota_budgets.spent + excluded.spent"
+)
+_MARK = (
+    "INSERT INTO quota_budget_writers (writer, batch, written_on) VALUES (?, ?, ?)"
+    " ON CONFLICT (writer) DO UPDATE SET batch = excluded.batch, written_on = excluded.written_on"
+)
+
+
+def _connect(path: Path, busy_timeout_s: float) -> sqlite3.Connection:
+    # Autocommit mode: transactions are the explicit BEGIN IMMEDIATE ... COMMIT below.
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
+    conn.execute("PRAGMA journal_mode = WAL")
+    conn.execute("PRAGMA synchronous = NORMAL")
+    return conn
+
+
+def _utc_day(days_ago: int = 0) -> str:
+    return time.strftime("%Y-%m-%d", time.gmtime(time.time() - days_ago * 86_400))
+
+
+class _Stop:
+    """Queued by `close()`: write what came before, then end the writer."""
+
+
+_STOP = _Stop()
+_Item = Charge | threading.Event | _Stop
 
 
 class SqliteBudgetJournal:
-    def __init__(self, path: Path) -> None:
+    """Usage: `journal = SqliteBudgetJournal(path)`; `InMemoryQuotaStore(journal=journal)`
+    records charges; `journal.close()` at shutdown writes what is still queued."""
+
+    def __init__(self, path: Path, *, busy_timeout_s: float = DEFAULT_BUSY_TIMEOUT_S) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        # Autocommit mode with explicit BEGIN; the lock makes a flush from a worker thread safe.
-        self._conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-        self._lock = threading.Lock()
-        with self._lock:
-            self._conn.execute("PRAGMA busy_timeout = 5000")
-            self._conn.execute("PRAGMA journal_mode = WAL")
-            self._conn.execute("PRAGMA synchronous = NORMAL")
-            self._conn.execute(_SCHEMA)
+        self._path = path
+        self._busy_timeout_s = busy_timeout_s
+        self._writer = uuid.uuid4().hex
+        self._batches = 0
+        self._failures = 0
+        self._unwritten = 0  # budget rows given up on at close
+        self._queue: queue.SimpleQueue[_Item] = queue.SimpleQueue()
+        self._closed = False
+        self._stopping = threading.Event()
+        self._deadline = float("inf")
+        self._pruned = False
+        self._conn: sqlite3.Connection | None = _connect(path, busy_timeout_s)
+        for statement in _SCHEMA:
+            self._conn.execute(statement)
+        # From here on the connection belongs to the writer thread alone.
+        self._thread = threading.Thread(target=self._run, name="quota-journal", daemon=True)
+        self._thread.start()
 
     def load(self, day: str, month: str) -> dict[tuple[Scope, BudgetKind], int]:
-        with self._lock:
-            rows = self._conn.execute(
+        conn = _connect(self._path, self._busy_timeout_s)
+        try:
+            rows = conn.execute(
                 "SELECT key_id, model, kind, spent FROM quota_budgets"
                 " WHERE (kind = 'day' AND period = ?) OR (kind = 'month' AND period = ?)",
                 (day, month),
             ).fetchall()
+        finally:
+            conn.close()
         loaded: dict[tuple[Scope, BudgetKind], int] = {}
         for key_id, model, kind, spent in rows:
             loaded[(Scope(key_id, model or None), kind)] = int(spent)
         return loaded
 
-    def save(self, rows: Sequence[BudgetRow]) -> bool:
-        values = [
-            (row.scope.key_id, row.scope.model or "", row.kind, row.period, row.spent)
-            for row in rows
-        ]
-        try:
-            with self._lock:
-                self._conn.execute("BEGIN IMMEDIATE")
-                try:
-                    self._conn.executemany(
-                        "INSERT INTO quota_budgets (key_id, model, kind, period, spent)"
-                        " VALUES (?, ?, ?, ?, ?)"
-                        " ON CONFLICT (key_id, model, kind, period)"
-                        " DO UPDATE SET spent = excluded.spent",
-                        values,
-                    )
-                except BaseException:
-                    self._conn.execute("ROLLBACK")
-                    raise
-                self._conn.execute("COMMIT")
-        except sqlite3.Error as exc:
-            log.warning("could not persist quota budgets (%d rows): %s", len(values), exc)
-            return False
-        return True
+    def record(self, charge: Charge) -> None:
+        if self._closed:
+            log.warning("quota budgets: a charge of %d tokens arrived after close", charge.tokens)
+            return
+        if charge.tokens:
+            self._queue.put(charge)
 
-    def close(self) -> None:
-        with self._lock:
-            self._conn.close()
+    def failures(self) -> int:
+        """Transactions that failed so far (each was rolled back and retried)."""
+        return self._failures
+
+    def unwritten(self) -> int:
+        """Budget rows `close()` gave up on (they are logged too); 0 when nothing was lost."""
+        return self._unwritten
+
+    def drain(self, timeout: float) -> bool:
+        """Wait until everything recorded before this call is committed; False if that did
+        not happen within `timeout` seconds. Blocks: not for the event loop."""
+        if self._closed:
+            return self._unwritten == 0
+        written = threading.Event()
+        self._queue.put(written)
+        return written.wait(timeout) and self._unwritten == 0
+
+    def close(self, timeout: float = DEFAULT_CLOSE_TIMEOUT_S) -> None:
+        """Write what is queued (retrying failures for up to `timeout` seconds), then stop the
+        writer; see `unwritten()` for what could not be written."""
+        if self._closed:
+            return
+        self._closed = True
+        self._deadline = time.monotonic() + timeout
+        self._stopping.set()
+        self._queue.put(_STOP)
+        # A transaction started just before the deadline may wait out its busy timeout.
+        self._thread.join(timeout + self._busy_timeout_s + 1.0)
+        if self._thread.is_alive():
+            log.error("quota budgets: the journal writer did not stop within %.0f s", timeout)
+            return
+        self._disconnect()
+
+    # -- the writer thread ----------------------------------------------------------------
+
+    def _run(self) -> None:
+        stop = False
+        while not stop:
+            batch: dict[RowKey, int] = {}
+            waiters: list[threading.Event] = []
+            item = self._queue.get()
+            while True:
+                if isinstance(item, Charge):
+                    _add(batch, item)
+                elif isinstance(item, threading.Event):
+                    waiters.append(item)
+                else:
+                    stop = True  # close() queues nothing after this
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+            if batch and not self._write(batch):
+                self._give_up(len(batch))
+                stop = True
+            for waiter in waiters:
+                waiter.set()
+            if batch and not stop:
+                self._stopping.wait(COMMIT_INTERVAL_S)  # close() cuts the rest short
+
+    def _write(self, batch: dict[RowKey, int]) -> bool:
+        """Commit `batch`, retrying the same deltas until it is in; False only when closing
+        and the deadline passed first."""
+        self._batches += 1
+        number = self._batches
+        attempts = 0
+        delay = RETRY_FIRST_S
+        while True:
+            try:
+                self._commit(batch, number, check=attempts > 0)
+            except Exception as exc:  # sqlite3.Error mostly; any failure must not end the writer
+                self._disconnect()  # closing rolls back whatever the transaction left open
+                attempts += 1
+                self._failures += 1
+                level = logging.WARNING if attempts == 1 else logging.DEBUG
+                log.log(
+                    level,
+                    "quota budgets: could not write %d rows (attempt %d), retrying: %s",
+                    len(batch), attempts, exc,
+                )  # fmt: skip
+                if self._stopping.is_set():
+                    left = self._deadline - time.monotonic()
+                    if left <= 0:
+                        return False
+                    time.sleep(min(delay, left))
+                else:
+                    self._stopping.wait(delay)
+                delay = min(delay * 2, RETRY_MAX_S)
+                continue
+            if attempts:
+                log.warning("quota budgets: written again after %d failed attempts", attempts)
+            return True
+
+    def _commit(self, batch: dict[RowKey, int], number: int, *, check: bool) -> None:
+        if self._conn is None:
+            self._conn = _connect(self._path, self._busy_timeout_s)
+        conn = self._conn
+        conn.execute("BEGIN IMMEDIATE")
+        if check:
+            # Did an earlier attempt commit after all (its COMMIT reported an error)?
+            row = conn.execute(
+                "SELECT batch FROM quota_budget_writers WHERE writer = ?", (self._writer,)
+            ).fetchone()
+            if row is not None and row[0] >= number:
+                conn.execute("ROLLBACK")
+                return
+        conn.executemany(_ADD, [(*key, tokens) for key, tokens in batch.items()])
+        conn.execute(_MARK, (self._writer, number, _utc_day()))
+        if not self._pruned:  # marks of writers long gone, once per journal
+            conn.execute(
+                "DELETE FROM quota_budget_writers WHERE written_on < ?",
+                (_utc_day(WRITER_MARK_DAYS),),
+            )
+        conn.execute("COMMIT")
+        self._pruned = True
+
+    def _disconnect(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            # Closing a connection whose file has gone bad can fail too; it is dropped anyway.
+            with contextlib.suppress(sqlite3.Error):
+                conn.close()
+
+    def _give_up(self, rows: int) -> None:
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if isinstance(item, Charge):
+                rows += 2 * len(item.scopes)
+            elif isinstance(item, threading.Event):
+                item.set()  # `drain()` then reports the loss rather than hanging
+        self._unwritten = rows
+        log.error("quota budgets: %d budget rows of settled charges were not written", rows)
+        self._disconnect()
+
+
+def _add(batch: dict[RowKey, int], charge: Charge) -> None:
+    for scope in charge.scopes:
+        model = scope.model or ""
+        day: RowKey = (scope.key_id, model, "day", charge.day)
+        month: RowKey = (scope.key_id, model, "month", charge.month)
+        batch[day] = batch.get(day, 0) + charge.tokens
+        batch[month] = batch.get(month, 0) + charge.tokens

@@ -1,4 +1,4 @@
-"""What a key may use: limit values, the scopes they apply to, and `max_tokens` checking.
+"""What a key may use: limit values and the scopes they apply to.
 
 A key has one `Limits` for all of its traffic and optionally a stricter `Limits` per model;
 both apply to a request for that model (the per-model counters are separate from the key's).
@@ -94,25 +94,3 @@ def scoped_limits(subject: QuotaSubject, model: str) -> tuple[ScopedLimits, ...]
     if per_model is None:
         return (key_scope,)
     return key_scope, ScopedLimits(Scope(subject.key_id, model), per_model)
-
-
-class InvalidParam(NamedTuple):
-    """A request field that deserves a 400: OpenAI puts `param` in the error body."""
-
-    param: str
-    message: str
-
-
-def check_max_tokens(value: object, param: str = "max_tokens") -> int | InvalidParam | None:
-    """Validate a client's `max_tokens` (or `max_completion_tokens`) as JSON-decoded.
-
-    Returns the integer, `None` when absent (JSON null), or an `InvalidParam` for a 400.
-    Capping to the key's limit is `QuotaEngine.admit`'s job; this only rejects nonsense.
-    """
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        return InvalidParam(param, f"{param} must be an integer, got {value!r}")
-    if value < 1:
-        return InvalidParam(param, f"{param} must be at least 1, got {value}")
-    return value

@@ -1,7 +1,7 @@
 import pytest
 
 from serving.errors import ServingError
-from serving.gateway.quota import InvalidParam, Limits, Scope, check_max_tokens
+from serving.gateway.quota import Limits, Scope
 from serving.gateway.quota.limits import scoped_limits
 from tests.gateway.quota.subjects import Subject
 
@@ -37,27 +37,3 @@ def test_scoped_limits_adds_the_model_scope_only_when_overridden() -> None:
         (Scope("key_a"), Limits(rpm=10)),
         (Scope("key_a", "m1"), Limits(rpm=2)),
     )
-
-
-@pytest.mark.parametrize(
-    ("value", "expected"),
-    [
-        (None, None),
-        (1, 1),
-        (10**9, 10**9),  # huge is fine here: admit caps it
-        (0, InvalidParam("max_tokens", "max_tokens must be at least 1, got 0")),
-        (-5, InvalidParam("max_tokens", "max_tokens must be at least 1, got -5")),
-        (1.5, InvalidParam("max_tokens", "max_tokens must be an integer, got 1.5")),
-        (2.0, InvalidParam("max_tokens", "max_tokens must be an integer, got 2.0")),
-        ("7", InvalidParam("max_tokens", "max_tokens must be an integer, got '7'")),
-        (True, InvalidParam("max_tokens", "max_tokens must be an integer, got True")),
-    ],
-)
-def test_check_max_tokens(value: object, expected: object) -> None:
-    assert check_max_tokens(value) == expected
-
-
-def test_check_max_tokens_names_the_param_it_was_given() -> None:
-    result = check_max_tokens(-1, "max_completion_tokens")
-    assert isinstance(result, InvalidParam)
-    assert result.param == "max_completion_tokens"

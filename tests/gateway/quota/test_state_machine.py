@@ -31,7 +31,7 @@ from serving.gateway.quota import (
     Refusal,
     Scope,
 )
-from serving.gateway.quota.clock import utc_day, utc_month
+from serving.gateway.quota.windows import utc_day, utc_month
 from tests.gateway.quota.subjects import Subject, utc
 
 TTL = 30.0

@@ -12,7 +12,7 @@ import random
 import re
 from collections.abc import Iterable
 
-from serving.gateway.asgi import RawHeaders
+from serving.gateway.types import RawHeaders
 
 HOP_BY_HOP: frozenset[bytes] = frozenset(
     {
@@ -70,31 +70,28 @@ def _connection_tokens(headers: Iterable[tuple[bytes, bytes]]) -> frozenset[byte
     return frozenset(tokens)
 
 
-def upstream_request_headers(headers: RawHeaders, request_id: bytes) -> list[tuple[str, str]]:
-    """The client's request headers as the hop client sends them to the upstream."""
-    forwarded: list[tuple[str, str]] = []
+def upstream_request_headers(headers: RawHeaders, request_id: bytes) -> bytes:
+    """The client's request headers as the hop client sends them to the upstream: the
+    `name: value\r\n` lines of what is forwarded, then the request id."""
+    forwarded: list[bytes] = []
     for name, value in headers:
         lower = name.lower()
         if lower in _NOT_FORWARDED:
-            if lower == b"connection":  # it names more headers to drop (rare): start over
+            if lower == b"connection":  # it names more headers to drop (rare)
                 return _upstream_request_headers_listed(headers, request_id)
             continue
-        forwarded.append((name.decode("latin-1"), value.decode("latin-1")))
-    forwarded.append(("x-request-id", request_id.decode("latin-1")))
-    return forwarded
+        forwarded.append(b"%s: %s\r\n" % (name, value))
+    forwarded.append(b"x-request-id: %s\r\n" % request_id)
+    return b"".join(forwarded)
 
 
-def _upstream_request_headers_listed(
-    headers: RawHeaders, request_id: bytes
-) -> list[tuple[str, str]]:
+def _upstream_request_headers_listed(headers: RawHeaders, request_id: bytes) -> bytes:
     drop = _NOT_FORWARDED | _connection_tokens(headers)
     forwarded = [
-        (name.decode("latin-1"), value.decode("latin-1"))
-        for name, value in headers
-        if name.lower() not in drop
+        b"%s: %s\r\n" % (name, value) for name, value in headers if name.lower() not in drop
     ]
-    forwarded.append(("x-request-id", request_id.decode("latin-1")))
-    return forwarded
+    forwarded.append(b"x-request-id: %s\r\n" % request_id)
+    return b"".join(forwarded)
 
 
 def client_response_headers(

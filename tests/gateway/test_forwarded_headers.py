@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from serving.gateway.headers import (
+from serving.gateway.forwarded_headers import (
     HOP_BY_HOP,
     client_response_headers,
     request_id,
@@ -39,11 +39,9 @@ def test_upstream_request_headers() -> None:
         (b"accept", b"text/event-stream"),
         *[(name, b"v") for name in HOP_BY_HOP if name != b"connection"],
     ]
-    assert upstream_request_headers(headers, b"rid") == [
-        ("content-type", "application/json"),
-        ("accept", "text/event-stream"),
-        ("x-request-id", "rid"),
-    ]
+    assert upstream_request_headers(headers, b"rid") == (
+        b"content-type: application/json\r\naccept: text/event-stream\r\nx-request-id: rid\r\n"
+    )
 
 
 def test_client_response_headers() -> None:

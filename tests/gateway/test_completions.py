@@ -73,6 +73,23 @@ def test_stream_gets_usage_upstream_but_not_downstream_and_is_charged_as_reporte
     assert value(samples, "gateway_tokens_total", key=key_id, model="fake", kind="completion") == 3
 
 
+@pytest.mark.parametrize("path", ["/v1/chat/completions/", "/v1/completions/"])
+def test_a_trailing_slash_is_metered_and_sent_to_the_canonical_path(
+    keyed: GatewayServer, keys: SqliteKeyStore, upstream: FakeUpstream, token: str, path: str
+) -> None:
+    """vLLM serves these through a redirect to its own address; the gateway meters them and
+    forwards to the path vLLM serves, so nothing goes around the quota or leaks the engine."""
+    key_id, secret = new_key(keys, Limits(rpm=100))  # a restricted key: metered paths only
+    payload = body(max_tokens=10) if "chat" in path else {"model": "fake", "prompt": "hi"}
+    with http_client(keyed.url, key=secret) as http:
+        response = http.post(f"{path}?t={token}", json=payload)
+    assert response.status_code == 200
+    assert "location" not in response.headers
+    assert len(upstream.received(token)) == 1  # the fake serves only the canonical paths
+    assert settled(keyed)
+    assert key_usage(keyed, key_id)[1] == 1  # one request counted
+
+
 def test_usage_kept_for_a_client_that_asked(keyed: GatewayServer, keys: SqliteKeyStore) -> None:
     _, secret = new_key(keys)
     payload = body(stream=True, stream_options={"include_usage": True})

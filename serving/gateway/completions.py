@@ -1,0 +1,176 @@
+"""The request logic of `/v1/chat/completions` and `/v1/completions`, top to bottom.
+
+    await completions.handle("chat", caller, request, receive, send, record)
+
+One handler reads like the request's life (DESIGN.md section 4):
+
+    parse     the body (400s), the model checked against the key (404), max_tokens allowed
+              by the key's caps and the model's context window (400 if it can never fit)
+    admit     reserve prompt estimate + max_tokens in every limit, or refuse (429) before
+              anything reaches the upstream
+    forward   with the admitted max_tokens and, for streams, usage always asked for; the
+              response is relayed as it arrives and read for usage on the way
+    settle    exactly once, however it ended (in a `finally`):
+
+        usage reported                     settle with vLLM's numbers
+        client went away                   abort: prompt estimate + the completion seen so far
+                                           (streams: one token per event; otherwise unknown,
+                                           so the reservation)
+        upstream error response / failure  fail: no tokens (nothing was produced)
+        before any byte
+        stream cut, or an in-band error    abort, as for a client that went away
+        no usage in a complete response    settle at the reservation (counted as an error)
+
+Leases of running requests are renewed by `renew_running`, which the app's lease upkeep
+calls, so a stream longer than the lease TTL keeps its slot.
+"""
+
+from __future__ import annotations
+
+from serving.gateway.auth import Caller
+from serving.gateway.catalog import ModelCatalog
+from serving.gateway.errors import (
+    InvalidRequestError,
+    ModelNotFoundError,
+    refusal_error,
+    upstream_error_kind,
+)
+from serving.gateway.metrics import RequestRecord
+from serving.gateway.openai_request import (
+    CompletionRequest,
+    Kind,
+    parse_completion_request,
+    render_upstream_body,
+)
+from serving.gateway.proxy import Proxy, ProxyOutcome, ProxyRequest
+from serving.gateway.quota import Admission, Lease, QuotaEngine, Refusal, rate_limit_raw_headers
+from serving.gateway.quota.limits import scoped_limits
+from serving.gateway.types import Receive, Send
+from serving.gateway.usage import ResponseMeter
+
+
+class Completions:
+    def __init__(self, engine: QuotaEngine, proxy: Proxy, catalog: ModelCatalog) -> None:
+        self._engine = engine
+        self._proxy = proxy
+        self._catalog = catalog
+        self._running: set[Lease] = set()
+
+    async def handle(
+        self,
+        kind: Kind,
+        caller: Caller,
+        request: ProxyRequest,
+        receive: Receive,
+        send: Send,
+        record: RequestRecord,
+    ) -> None:
+        # parse
+        parsed = parse_completion_request(kind, request.body)
+        record.model = self._catalog.label(parsed.model)
+        if not caller.allows_model(parsed.model):
+            raise ModelNotFoundError(parsed.model)
+        scopes = scoped_limits(caller, parsed.model)
+        window = self._catalog.context_window(parsed.model)
+        max_tokens = self._engine.allowed_max_tokens(
+            scopes, parsed.requested_max_tokens, parsed.longest_prompt_estimate, window
+        )
+        _check_window(parsed, max_tokens, window)
+
+        # admit: n choices (or a batch of prompts) each generate up to max_tokens
+        reserved_prompt = parsed.prompt_estimate + (parsed.choices - 1) * max_tokens
+        decision = self._engine.reserve(scopes, reserved_prompt, max_tokens)
+        if isinstance(decision, Refusal):
+            record.refusal = decision.reason.value
+            raise refusal_error(decision)
+        lease = decision.lease
+
+        # forward
+        meter = ResponseMeter(strip_usage=parsed.stream and not parsed.client_wants_usage)
+        upstream_request = ProxyRequest(
+            request.method,
+            request.target,
+            request.headers,
+            render_upstream_body(parsed, max_tokens=max_tokens),
+            request.request_id,
+            response_headers=rate_limit_raw_headers(decision.rate_limit),
+            meter=meter,
+        )
+        self._running.add(lease)
+        outcome: ProxyOutcome | None = None
+        try:
+            outcome = await self._proxy.forward(upstream_request, receive, send)
+        finally:
+            self._running.discard(lease)
+            # settle
+            self._settle(lease, decision, parsed, meter, outcome)
+            _record_outcome(record, lease, meter, outcome)
+        if outcome is not None and 200 <= (outcome.upstream_status or 0) < 300:
+            self._catalog.learn(parsed.model)
+
+    def renew_running(self) -> None:
+        """Renew the leases of the requests running now."""
+        for lease in list(self._running):
+            self._engine.renew(lease)
+
+    def _settle(
+        self,
+        lease: Lease,
+        admission: Admission,
+        parsed: CompletionRequest,
+        meter: ResponseMeter,
+        outcome: ProxyOutcome | None,
+    ) -> None:
+        engine = self._engine
+        seen: int | None = None
+        if parsed.stream:
+            seen = min(meter.events, admission.max_tokens * parsed.choices)
+        usage = meter.usage
+        if outcome is None:  # cancelled (shutdown) or a bug: nothing is known
+            engine.abort(lease, None, seen)
+        elif usage is not None:
+            engine.settle(lease, usage.prompt_tokens, usage.completion_tokens)
+        elif outcome.client_disconnected:
+            engine.abort(lease, None, seen)
+        elif outcome.upstream_status is None or outcome.upstream_status >= 400:
+            engine.fail(lease)
+        elif outcome.error is not None or meter.inband_error:
+            engine.abort(lease, None, seen)
+        else:
+            engine.settle(lease, None, None)
+
+
+def _record_outcome(
+    record: RequestRecord, lease: Lease, meter: ResponseMeter, outcome: ProxyOutcome | None
+) -> None:
+    """What the metrics need to know of a settled request."""
+    if outcome is not None:
+        record.note_exchange(outcome)
+        problem = "in_band" if meter.inband_error else meter.problem
+        record.upstream_error = upstream_error_kind(outcome.error, outcome.upstream_status, problem)
+        complete = not outcome.client_disconnected and outcome.error is None
+        answered = outcome.upstream_status is not None and outcome.upstream_status < 400
+        if complete and answered and meter.usage is None and not meter.inband_error:
+            record.upstream_error = record.upstream_error or "missing_usage"
+    usage = meter.usage
+    charged = lease.charged_tokens or 0
+    if usage is not None:
+        record.prompt_tokens = min(usage.prompt_tokens, charged)
+    elif charged:
+        record.prompt_tokens = min(lease.prompt_estimate, charged)
+    record.completion_tokens = charged - record.prompt_tokens
+
+
+def _check_window(parsed: CompletionRequest, max_tokens: int, window: int | None) -> None:
+    """A client's max_tokens (after the key's cap) beyond the model's context can never be
+    served: 400 before any quota. (An implied max_tokens is fitted to the window.)"""
+    if window is None or parsed.requested_max_tokens is None or max_tokens <= window:
+        return
+    param = "max_tokens"
+    if parsed.kind == "chat" and parsed.data.get("max_completion_tokens") is not None:
+        param = "max_completion_tokens"
+    raise InvalidRequestError(
+        f"{param} is too large: {parsed.requested_max_tokens}. This model's maximum context "
+        f"length is {window} tokens.",
+        param=param,
+    )

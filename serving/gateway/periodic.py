@@ -1,0 +1,49 @@
+"""A background job the app runs every few seconds, from lifespan startup to shutdown.
+
+    job = Periodic("lease upkeep", upkeep, interval_s=5)   # `upkeep`: sync or async callable
+    job.start() ... await job.stop()
+
+The loop outlives any one failure of the job (it is logged), so one bad round does not stop
+health checks or lease upkeep for the rest of the process's life.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+from collections.abc import Awaitable, Callable
+
+logger = logging.getLogger(__name__)
+
+Job = Callable[[], Awaitable[object] | object]
+
+
+class Periodic:
+    def __init__(self, name: str, job: Job, *, interval_s: float) -> None:
+        self._name = name
+        self._job = job
+        self._interval_s = interval_s
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.ensure_future(self._run())
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self._interval_s)
+            try:
+                result = self._job()
+                if inspect.isawaitable(result):
+                    await result
+            except Exception:  # the loop must outlive any one failure; it is logged
+                logger.exception("background job %r failed", self._name)
