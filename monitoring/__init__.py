@@ -1,0 +1,1 @@
+"""Monitoring as code: Prometheus configuration and rules, Grafana dashboards (issue 9)."""

@@ -1,0 +1,84 @@
+"""The series this stack exports, known without running it: the names a scrape would show.
+
+    exported_names()      # all of the below: what any query under monitoring/ may read
+    gateway_names()       # GatewayMetrics rendered after a request of every kind
+    launcher_names()      # LauncherMetrics rendered after a start
+    vllm_declarations()   # vLLM 0.32's stat logger, read from its installed source:
+                          # {"vllm:num_preemptions": "counter", ...} (no vLLM import)
+    vllm_names()          # those with their exposition suffixes (_total, _bucket/_sum/_count)
+
+Names are as scraped: counters end in `_total`, histograms have `_bucket`, `_sum`, `_count`.
+A live scrape of the stack is the final word (the integration test); this is the offline
+check that fails first, for example when a vLLM upgrade renames a metric.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from serving.engine.launcher_metrics import LauncherMetrics
+from serving.engine.load_stats import LoadStats
+from serving.gateway.metrics import GatewayMetrics, RequestRecord
+
+SUFFIXES = {"gauge": ("",), "counter": ("_total",), "histogram": ("_bucket", "_sum", "_count")}
+_DECLARATION = re.compile(r'self\._(gauge|counter|histogram)_cls\(\s*name="(vllm:[a-z0-9_]+)"')
+# Info-style gauges vLLM registers under a name held in a variable (log_metrics_info).
+_VLLM_INFO = {"vllm:cache_config_info": "gauge"}
+
+
+def sample_names(exposition: str) -> set[str]:
+    return {
+        sample.name
+        for family in text_string_to_metric_families(exposition)
+        for sample in family.samples
+    }
+
+
+def gateway_names() -> set[str]:
+    metrics = GatewayMetrics()
+    served = RequestRecord(
+        started=1.0, key="key_a", model="qwen3-tiny", status=200, prompt_tokens=12,
+        completion_tokens=4, upstream_error="in_band", forwarded_at=1.001, first_byte_at=1.2,
+        upstream_done_at=1.5,
+    )  # fmt: skip
+    metrics.observe(served, ended=1.501)
+    metrics.observe(RequestRecord(started=2.0, key="key_a", status=429, refusal="rpm"), ended=2.1)
+    return sample_names(metrics.render().decode())
+
+
+def launcher_names() -> set[str]:
+    metrics = LauncherMetrics("cpu-tiny", "qwen3-tiny")
+    metrics.record_start(LoadStats(40.0, 37.0, 0.02, 1 << 30), restart=True)
+    return sample_names(generate_latest(metrics.registry).decode())
+
+
+def vllm_loggers_source() -> Path:
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("vLLM is not installed (the `cpu` or `gpu` extra)")
+    return Path(next(iter(spec.submodule_search_locations))) / "v1" / "metrics" / "loggers.py"
+
+
+def vllm_declarations() -> dict[str, str]:
+    """vLLM's Prometheus metric families and their types, as its stat logger declares them."""
+    path = vllm_loggers_source()
+    source = path.read_text(encoding="utf-8")
+    declared = {name: kind for kind, name in _DECLARATION.findall(source)}
+    if len(declared) < 20 or any(f'"{name}"' not in source for name in _VLLM_INFO):
+        raise RuntimeError(f"{path}: vLLM's metric declarations no longer look as expected")
+    return declared | _VLLM_INFO
+
+
+def vllm_names() -> set[str]:
+    return {
+        name + suffix for name, kind in vllm_declarations().items() for suffix in SUFFIXES[kind]
+    }
+
+
+def exported_names() -> set[str]:
+    return gateway_names() | launcher_names() | vllm_names()

@@ -1,0 +1,269 @@
+"""The Gateway dashboard: traffic, latency, quotas and upstream health from `gateway_*` series.
+
+The series are listed in serving/gateway/metrics.py's docstring. `key` is a key's public id,
+never its secret. The gateway exports no remaining budget: the quota store keeps it, and a
+per-key gauge would have to read every key's budget on each scrape. So the dashboard charts
+what each key spent this UTC day and month (the periods of the tokens/day and tokens/month
+limits); compare them with the key's limits (`serving keys show ID`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from grafana_foundation_sdk.builders import stat
+
+from monitoring.grafana.common import (
+    COUNT,
+    EVENTS_PER_S,
+    RATE,
+    RATIO,
+    REQUESTS_PER_S,
+    SECONDS,
+    TOKENS,
+    TOKENS_PER_S,
+    UP,
+    Board,
+    Query,
+    label_variable,
+    percentile_queries,
+    stat_panel,
+    table_panel,
+    timeseries_panel,
+)
+
+UID = "serving-gateway"
+GATEWAYS = 'instance=~"$instance"'
+KEYS = f'{GATEWAYS}, key=~"$key"'
+
+
+def _sum_rate(metric: str, selector: str, by: str) -> str:
+    return f"sum by ({by}) (rate({metric}{{{selector}}}[{RATE}]))"
+
+
+def _spent(title: str, period: str, time_from: str) -> stat.Panel:
+    """Tokens charged per key since the start of this UTC `period` (the panel's own range)."""
+    panel = stat_panel(
+        title,
+        TOKENS,
+        [
+            Query(
+                f"sum by (key) (increase(gateway_tokens_total{{{KEYS}}}[$__range]))",
+                "{{key}}",
+                instant=True,
+            )
+        ],
+        description=(
+            f"Tokens charged per key since the start of this {period} (UTC), prompt and "
+            "completion together: what counts against the key's budget for the "
+            f"{period}. The gateway does not export the remaining budget; compare with the "
+            "key's limit (`serving keys show ID`)."
+        ),
+        width=12,
+        height=6,
+    )
+    return panel.time_from(time_from).hide_time_override(False)
+
+
+def build() -> dict[str, Any]:
+    board = Board(
+        "Serving / Gateway",
+        uid=UID,
+        description="The OpenAI-compatible gateway: traffic, added latency, quotas, upstream.",
+    )
+    board.variable(
+        label_variable(
+            "instance",
+            "Gateway",
+            "label_values(gateway_in_flight_requests, instance)",
+            description="Gateway replicas (scrape targets exporting gateway_*)",
+        )
+    )
+    board.variable(
+        label_variable(
+            "key",
+            "API key",
+            'label_values(gateway_requests_total{instance=~"$instance"}, key)',
+            description="Public key ids ('none' for requests refused before a key was known)",
+        )
+    )
+
+    board.row("Requests")
+    board.add(
+        timeseries_panel(
+            "Requests per second by status",
+            REQUESTS_PER_S,
+            [Query(_sum_rate("gateway_requests_total", KEYS, "status"), "{{status}}")],
+            description="Responses sent, by HTTP status (499: the client left first).",
+        )
+    )
+    board.add(
+        timeseries_panel(
+            "Requests per second by key",
+            REQUESTS_PER_S,
+            [Query(_sum_rate("gateway_requests_total", KEYS, "key"), "{{key}}")],
+            description="Responses sent, by public key id.",
+        )
+    )
+    board.add(
+        timeseries_panel(
+            "5xx ratio",
+            RATIO,
+            [
+                Query(
+                    "(\n  sum(rate(gateway_requests_total{"
+                    f'{KEYS}, status=~"5.."}}[{RATE}]))\n  or vector(0)\n)\n/\n'
+                    f"sum(rate(gateway_requests_total{{{KEYS}}}[{RATE}]))",
+                    "5xx",
+                )
+            ],
+            description="Share of responses with a 5xx status (upstream errors, no upstream).",
+            max_value=1,
+            thresholds=[(0.05, "red")],
+            width=8,
+        )
+    )
+    board.add(
+        timeseries_panel(
+            "In-flight requests",
+            COUNT,
+            [
+                Query(
+                    f"sum by (instance) (gateway_in_flight_requests{{{GATEWAYS}}})", "{{instance}}"
+                )
+            ],
+            description="API requests being handled now.",
+            width=8,
+        )
+    )
+    board.add(
+        timeseries_panel(
+            "Quota leases held",
+            COUNT,
+            [Query(f"sum by (instance) (gateway_quota_leases{{{GATEWAYS}}})", "{{instance}}")],
+            description="Concurrency leases held; returns to 0 when the gateway is idle.",
+            width=8,
+        )
+    )
+
+    board.row("Latency")
+    board.add(
+        timeseries_panel(
+            "Added latency (the gateway's own time)",
+            SECONDS,
+            percentile_queries("gateway_added_latency_seconds", GATEWAYS),
+            description="Time before forwarding plus after the upstream was done, per request.",
+            width=8,
+        )
+    )
+    board.add(
+        timeseries_panel(
+            "Request duration",
+            SECONDS,
+            percentile_queries("gateway_request_duration_seconds", GATEWAYS, by="model"),
+            description="Gateway entry to the last byte, by model.",
+            width=8,
+        )
+    )
+    board.add(
+        timeseries_panel(
+            "Time to first byte",
+            SECONDS,
+            percentile_queries("gateway_time_to_first_byte_seconds", GATEWAYS, by="model"),
+            description="Gateway entry to the first body byte, by model.",
+            width=8,
+        )
+    )
+
+    board.row("Quotas and tokens")
+    board.add(
+        timeseries_panel(
+            "Quota rejections per second by reason",
+            REQUESTS_PER_S,
+            [Query(_sum_rate("gateway_quota_rejections_total", KEYS, "reason"), "{{reason}}")],
+            description="Requests refused by a limit: rpm, tpm, concurrency, daily, monthly.",
+        )
+    )
+    board.add(
+        table_panel(
+            "Quota rejections by key and reason",
+            COUNT,
+            [
+                Query(
+                    "sum by (key, reason) "
+                    f"(increase(gateway_quota_rejections_total{{{KEYS}}}[$__range]))",
+                    instant=True,
+                    table=True,
+                )
+            ],
+            transformations=[
+                (
+                    "organize",
+                    {
+                        "excludeByName": {"Time": True},
+                        "renameByName": {"Value": "rejections in range"},
+                    },
+                )
+            ],
+            description="Refusals over the dashboard's time range, per key and limit.",
+            height=8,
+        )
+    )
+    board.add(
+        timeseries_panel(
+            "Tokens per second by key",
+            TOKENS_PER_S,
+            [Query(_sum_rate("gateway_tokens_total", KEYS, "key, kind"), "{{key}} {{kind}}")],
+            description="Tokens charged (vLLM's reported usage), prompt and completion.",
+        )
+    )
+    board.add(
+        timeseries_panel(
+            "Tokens charged per key, last 24 hours",
+            TOKENS,
+            [Query(f"sum by (key) (increase(gateway_tokens_total{{{KEYS}}}[1d]))", "{{key}}")],
+            description="A rolling 24-hour window of the tokens each key was charged.",
+        )
+    )
+    board.add(_spent("Tokens charged per key today (UTC)", "day", "now/d"))
+    board.add(_spent("Tokens charged per key this month (UTC)", "month", "now/M"))
+
+    board.row("Upstream")
+    board.add(
+        stat_panel(
+            "Upstream healthy",
+            UP,
+            [Query(f"min by (instance) (gateway_upstream_healthy{{{GATEWAYS}}})", "{{instance}}")],
+            description="1 when the upstream's /health answered 200 at the gateway's last check.",
+            width=8,
+            height=8,
+            mappings={"0": ("down", "red"), "1": ("up", "green")},
+        )
+    )
+    board.add(
+        timeseries_panel(
+            "Upstream errors per second by kind",
+            EVENTS_PER_S,
+            [Query(_sum_rate("gateway_upstream_errors_total", GATEWAYS, "kind"), "{{kind}}")],
+            description=(
+                "connect, timeout, reset, status_5xx, in_band (an SSE error after the 200), "
+                "bad_json, bad_sse, missing_usage."
+            ),
+            width=8,
+        )
+    )
+    board.add(
+        timeseries_panel(
+            "Budget flush failures per second",
+            EVENTS_PER_S,
+            [
+                Query(
+                    _sum_rate("gateway_budget_flush_failures_total", GATEWAYS, "instance"),
+                    "{{instance}}",
+                )
+            ],
+            description="Failed writes of day/month budgets to keys.db (rolled back, retried).",
+            width=8,
+        )
+    )
+    return board.to_json()
