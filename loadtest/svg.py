@@ -37,7 +37,16 @@ def _fmt(value: float) -> str:
     return f"{value:.3g}" if abs(value) < 1000 else f"{value:,.0f}"
 
 
-def line_chart(title: str, lines: Sequence[Line], *, x_unit: str = "s", y_unit: str = "") -> str:
+def line_chart(
+    title: str,
+    lines: Sequence[Line],
+    *,
+    x_unit: str = "s",
+    y_unit: str = "",
+    legend: bool = True,
+) -> str:
+    """The chart as an <svg> element; `legend=False` leaves the legend to the caller (the
+    line colors are COLORS in order)."""
     xs = [x for line in lines for x, _ in line.points]
     ys = [y for line in lines for _, y in line.points if y is not None]
     x_max = max(xs, default=1.0) or 1.0
@@ -87,6 +96,8 @@ def line_chart(title: str, lines: Sequence[Line], *, x_unit: str = "s", y_unit: 
                     f'<polyline class="series" fill="none" stroke="{color}" stroke-width="1.5" '
                     f'points="{" ".join(segment)}"/>'
                 )
+        if not legend:
+            continue
         lx = LEFT + 8 + index * 120
         parts.append(
             f'<rect x="{lx}" y="{HEIGHT - 14}" width="10" height="3" fill="{color}"/>'
