@@ -77,10 +77,9 @@ class QuotaEngine:
         scope, or refuse without consuming anything."""
         if prompt_tokens_estimate < 0:
             raise ValueError(f"prompt_tokens_estimate must be >= 0, got {prompt_tokens_estimate}")
-        outcome = self.store.try_reserve(
+        outcome, status = self.store.try_reserve(
             scopes, prompt_tokens_estimate, max_tokens, self._lease_ttl
         )
-        status = self.store.status(scopes)
         if isinstance(outcome, Refusal):
             return replace(outcome, rate_limit=status)
         return Admission(lease=outcome, max_tokens=max_tokens, rate_limit=status)

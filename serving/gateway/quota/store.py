@@ -58,10 +58,12 @@ class ScopeUsage(NamedTuple):
 class QuotaStore(Protocol):
     def try_reserve(
         self, scopes: Sequence[ScopedLimits], prompt_tokens: int, max_tokens: int, ttl: float
-    ) -> Lease | Refusal:
+    ) -> tuple[Lease | Refusal, RateLimitStatus]:
         """All or nothing: if every limit of every scope admits one more request holding
         `prompt_tokens + max_tokens` tokens and a slot, book all of it and return the lease;
-        otherwise change nothing and return the refusal with the longest wait."""
+        otherwise change nothing and return the refusal with the longest wait. Either way,
+        with the rate-limit state as it is after the call (what `status` would say), so
+        one call reserves and reports."""
         ...
 
     def finish(self, lease: Lease, state: LeaseState, charged_tokens: int) -> bool:
@@ -123,10 +125,12 @@ class InMemoryQuotaStore:
 
     def try_reserve(
         self, scopes: Sequence[ScopedLimits], prompt_tokens: int, max_tokens: int, ttl: float
-    ) -> Lease | Refusal:
+    ) -> tuple[Lease | Refusal, RateLimitStatus]:
         now = self._clock.monotonic()
         wall = self._clock.wall()
-        self._reclaim(now)
+        expiries = self._expiries
+        if expiries and expiries[0][0] <= now:
+            self._reclaim(now)
         bucket = bucket_of(now)
         day, month = self._periods.at(wall)
         tokens = prompt_tokens + max_tokens
@@ -134,9 +138,10 @@ class InMemoryQuotaStore:
         # Check everything before booking anything: a refusal must consume nothing.
         refusals: list[Refusal] = []
         for (scope, limits), state in zip(scopes, states, strict=True):
-            refusals.extend(_check(scope, limits, state, tokens, bucket, now, wall, day, month))
+            _check(refusals, scope, limits, state, tokens, bucket, now, wall, day, month)
         if refusals:
-            return max(refusals, key=lambda refusal: refusal.sort_key)
+            refusal = max(refusals, key=lambda refusal: refusal.sort_key)
+            return refusal, _status(scopes, states, bucket, now)
         for state in states:
             state.in_flight += 1
             state.requests.add(bucket, 1)
@@ -155,7 +160,7 @@ class InMemoryQuotaStore:
         )
         self._leases[lease.lease_id] = lease
         self._schedule(lease)
-        return lease
+        return lease, _status(scopes, states, bucket, now)
 
     def finish(self, lease: Lease, state: LeaseState, charged_tokens: int) -> bool:
         if state in (LeaseState.ACTIVE, LeaseState.EXPIRED):
@@ -182,18 +187,8 @@ class InMemoryQuotaStore:
 
     def status(self, scopes: Sequence[ScopedLimits]) -> RateLimitStatus:
         now = self._clock.monotonic()
-        bucket = bucket_of(now)
-        requests: WindowStatus | None = None
-        tokens: WindowStatus | None = None
-        for scope, limits in scopes:
-            state = self._state(scope)
-            if limits.rpm is not None:
-                requests = _tighter(
-                    requests, _window_status(state.requests, limits.rpm, bucket, now)
-                )
-            if limits.tpm is not None:
-                tokens = _tighter(tokens, _window_status(state.tokens, limits.tpm, bucket, now))
-        return RateLimitStatus(requests=requests, tokens=tokens)
+        states = [self._state(scope) for scope, _ in scopes]
+        return _status(scopes, states, bucket_of(now), now)
 
     def usage(self, scope: Scope) -> ScopeUsage:
         now = self._clock.monotonic()
@@ -254,6 +249,7 @@ class InMemoryQuotaStore:
 
 
 def _check(
+    refusals: list[Refusal],
     scope: Scope,
     limits: Limits,
     state: _ScopeState,
@@ -263,8 +259,8 @@ def _check(
     wall: float,
     day: str,
     month: str,
-) -> list[Refusal]:
-    refusals: list[Refusal] = []
+) -> None:
+    """Append to `refusals` each limit of `scope` that does not admit the request."""
     if limits.max_concurrency is not None and state.in_flight + 1 > limits.max_concurrency:
         wait = CONCURRENCY_RETRY_SECONDS if limits.max_concurrency > 0 else math.inf
         refusals.append(
@@ -294,12 +290,26 @@ def _check(
         if spent + tokens > limit:
             wait = seconds_to_next_month(wall) if tokens <= limit else math.inf
             refusals.append(Refusal(RefusalReason.MONTHLY, scope, limit, spent, tokens, wait))
-    return refusals
+
+
+def _status(
+    scopes: Sequence[ScopedLimits], states: Sequence[_ScopeState], bucket: int, now: float
+) -> RateLimitStatus:
+    """The minute windows of `scopes` as seen from `bucket`: per dimension, the scope with
+    the least left."""
+    requests: WindowStatus | None = None
+    tokens: WindowStatus | None = None
+    for (_, limits), state in zip(scopes, states, strict=True):
+        if limits.rpm is not None:
+            requests = _tighter(requests, _window_status(state.requests, limits.rpm, bucket, now))
+        if limits.tpm is not None:
+            tokens = _tighter(tokens, _window_status(state.tokens, limits.tpm, bucket, now))
+    return RateLimitStatus(requests=requests, tokens=tokens)
 
 
 def _window_status(window: SlidingWindow, limit: int, bucket: int, now: float) -> WindowStatus:
-    remaining = max(0, limit - window.used(bucket))
-    return WindowStatus(limit, remaining, window.reset_after(bucket, now))
+    used, reset_after = window.snapshot(bucket, now)
+    return WindowStatus(limit, max(0, limit - used), reset_after)
 
 
 def _tighter(current: WindowStatus | None, candidate: WindowStatus) -> WindowStatus:

@@ -152,11 +152,16 @@ class SlidingWindow:
 
     def reset_after(self, bucket: int, now: float) -> float:
         """Seconds until the window holds nothing again (OpenAI's `x-ratelimit-reset-*`)."""
+        return self.snapshot(bucket, now)[1]
+
+    def snapshot(self, bucket: int, now: float) -> tuple[int, float]:
+        """`(used(bucket), reset_after(bucket, now))` in one pass (the rate-limit headers)."""
         self._expire(bucket)
-        for old_bucket in reversed(self._buckets):
-            if self._buckets[old_bucket] > 0:
-                return max(0.0, self._leaves_at(old_bucket) - now)
-        return 0.0
+        buckets = self._buckets
+        for old_bucket in reversed(buckets):
+            if buckets[old_bucket] > 0:
+                return self._total, max(0.0, self._leaves_at(old_bucket) - now)
+        return self._total, 0.0
 
     def _expire(self, bucket: int) -> None:
         oldest_kept = bucket - WINDOW_SECONDS
