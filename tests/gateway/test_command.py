@@ -3,10 +3,8 @@ imports. Every field's flag and variable is tested in test_settings.py."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,24 +13,12 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from serving import cli
 from serving.errors import ServingError
-from serving.gateway.command import build_server, settings_from_args
+from serving.gateway.command import build_server
 from serving.gateway.keys.credentials import hash_secret
-from serving.gateway.settings import ENV_PREFIX, GatewaySettings, env_name, flag_name
+from serving.gateway.settings import GatewaySettings, env_name, flag_name
+from tests.gateway.settings_env import clean_environment, from_flags  # noqa: F401
 
 URL = "http://127.0.0.1:8001"
-
-
-@pytest.fixture(autouse=True)
-def clean_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
-    for name in list(os.environ):
-        if name.startswith(ENV_PREFIX) or name == "SERVING_API_KEY":
-            monkeypatch.delenv(name)
-    monkeypatch.setenv("SERVING_HOME", str(tmp_path / "home"))
-    yield
-
-
-def from_flags(*argv: str) -> GatewaySettings:
-    return settings_from_args(cli.build_parser().parse_args(["gateway", *argv]))
 
 
 def test_flags_to_settings() -> None:

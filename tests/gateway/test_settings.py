@@ -7,24 +7,20 @@ its flag, its variable and its validation are tested with the others.
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 
-from serving import cli
 from serving.errors import ServingError
-from serving.gateway.command import settings_from_args
 from serving.gateway.keys.credentials import hash_secret
 from serving.gateway.settings import (
-    ENV_PREFIX,
     GatewaySettings,
     env_name,
     flag_aliases,
     flag_name,
 )
+from tests.gateway.settings_env import clean_environment, from_flags  # noqa: F401
 
 URL = "http://127.0.0.1:8001"
 
@@ -83,21 +79,6 @@ LEGACY_FLAGS = {
     "--drain-delay": "drain_delay_s",
     "--graceful-timeout": "graceful_shutdown_s",
 }
-
-
-@pytest.fixture(autouse=True)
-def clean_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
-    """No SERVING_GATEWAY_* or SERVING_API_KEY from the caller; a serving home of our own."""
-    for name in list(os.environ):
-        if name.startswith(ENV_PREFIX) or name == "SERVING_API_KEY":
-            monkeypatch.delenv(name)
-    monkeypatch.setenv("SERVING_HOME", str(tmp_path / "home"))
-    yield
-
-
-def from_flags(*argv: str) -> GatewaySettings:
-    """Settings as `serving gateway ARGV` builds them."""
-    return settings_from_args(cli.build_parser().parse_args(["gateway", *argv]))
 
 
 def base_flags(field: str) -> list[str]:
