@@ -13,7 +13,7 @@ ENGINE_PORT ?= 8001
 # `make monitor`'s Prometheus (http://127.0.0.1:$(PROM_PORT)).
 PROM_PORT ?= 9090
 
-.PHONY: up monitor test lint typecheck unit integration venv system-deps loadtest loadtest-crosscheck bench clean
+.PHONY: up monitor test lint typecheck unit integration venv system-deps loadtest loadtest-crosscheck loadtest-memory bench clean
 
 venv: $(STAMP)
 
@@ -80,6 +80,15 @@ loadtest-crosscheck: $(STAMP)
 	$(WITH_STACK) $(BIN)/python -m loadtest crosscheck --host http://127.0.0.1:$(ENGINE_PORT) \
 	  --engine-metrics http://127.0.0.1:$(ENGINE_PORT)/metrics \
 	  --profile $(PROFILE) --concurrency 4 --num-prompts 64 --out $(LOADTEST_OUT)/crosscheck
+
+# The memory plan against the engine: a profile whose KV cache a few sequences fill, ramped
+# past what the planner says fits (a stack already up on these ports must run that profile).
+MEMORY_PROFILE ?= cpu-tiny-smallkv
+loadtest-memory: $(STAMP)
+	$(BIN)/python -m loadtest.with_stack --profile $(MEMORY_PROFILE) --port $(PORT) \
+	  --engine-port $(ENGINE_PORT) -- $(BIN)/python -m loadtest memory \
+	  --profile $(MEMORY_PROFILE) --host http://127.0.0.1:$(ENGINE_PORT) \
+	  --engine-metrics http://127.0.0.1:$(ENGINE_PORT)/metrics --out $(LOADTEST_OUT)/memory
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.gateway_overhead

@@ -1,7 +1,8 @@
-"""`python -m loadtest`: run, sweep, crosscheck, prompts.
+"""`python -m loadtest`: run, sweep, crosscheck, memory.
 
-Exit codes: 0 all targets met (or the clients agree), 1 a target missed (or they disagree),
-2 the test could not run (bad input, unreachable host, Locust failed).
+Exit codes: 0 all targets met (or the clients agree, or the measurement agrees with the
+memory plan), 1 a target missed (or they disagree), 2 the test could not run (bad input,
+unreachable host, Locust failed).
 
 Usage:
   python -m loadtest run --host http://127.0.0.1:8000 --api-key sk-... \\
@@ -9,6 +10,8 @@ Usage:
       --duration 30s --out var/loadtest/run
   python -m loadtest sweep ... --levels 1,2,4,8
   python -m loadtest crosscheck --host http://127.0.0.1:8001 --concurrency 4 --num-prompts 64 ...
+  python -m loadtest memory --profile cpu-tiny-smallkv --host http://127.0.0.1:8001 \\
+      --engine-metrics http://127.0.0.1:8001/metrics --out var/loadtest/memory
 """
 
 from __future__ import annotations
@@ -23,6 +26,16 @@ from loadtest.analysis import analyze
 from loadtest.config import StepRamp
 from loadtest.crosscheck import run_crosscheck
 from loadtest.errors import LoadTestError
+from loadtest.memory import run_memory
+from loadtest.memory_plan import (
+    TOLERANCE_SEQUENCES,
+    TOLERANCE_USAGE,
+    default_levels,
+    keep_exact_prompts,
+    predict,
+    write_workload,
+)
+from loadtest.memory_report import markdown_table, write_memory_report
 from loadtest.plan import Plan, make_plan, parse_duration
 from loadtest.report import write_report
 from loadtest.runner import LocustRun, default_processes, run_locust
@@ -95,7 +108,67 @@ def build_parser() -> argparse.ArgumentParser:
     _common(cross)
     cross.add_argument("--concurrency", type=int, default=4)
     cross.add_argument("--num-prompts", type=int, default=64)
+    memory = commands.add_parser(
+        "memory", help="ramp sequences past what the memory plan says fits; plan vs measured"
+    )
+    _memory_arguments(memory)
     return parser
+
+
+def _memory_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", required=True, help="base URL: vLLM itself or the gateway")
+    parser.add_argument(
+        "--api-key",
+        default=os.environ.get("SERVING_API_KEY"),
+        help="bearer key (default: $SERVING_API_KEY)",
+    )
+    parser.add_argument("--engine-metrics", required=True, help="vLLM /metrics URL")
+    parser.add_argument("--profile", required=True, help="the profile the engine runs")
+    parser.add_argument("--tokenizer", help="tokenizer dir or hub name (default: the profile's)")
+    parser.add_argument("--model", help="model name to request (default: the profile's)")
+    parser.add_argument("--out", type=Path, required=True, help="directory for the report")
+    parser.add_argument("--scrape-interval", type=float, default=0.5, metavar="SECONDS")
+    parser.add_argument(
+        "--levels", help="users per step, comma-separated (default: 1..S+2, S = what fits)"
+    )
+    parser.add_argument(
+        "--blocks-per-sequence",
+        type=int,
+        help="KV blocks one sequence holds (default: max_model_len // block_size)",
+    )
+    parser.add_argument(
+        "--output-tokens",
+        type=int,
+        help="output tokens, all sequences (default: block_size/2-16 to block_size-16)",
+    )
+    parser.add_argument(
+        "--min-scrapes", type=int, default=20, help="scrapes a step measures at least"
+    )
+    parser.add_argument(
+        "--turnovers",
+        type=int,
+        default=2,
+        help="a step ends once the engine finished this many requests per user",
+    )
+    parser.add_argument(
+        "--step-timeout",
+        type=float,
+        default=300.0,
+        metavar="SECONDS",
+        help="longest a step may take to reach its conditions",
+    )
+    parser.add_argument(
+        "--tolerance-sequences",
+        type=int,
+        default=TOLERANCE_SEQUENCES,
+        help="users the waiting point may differ from the plan's",
+    )
+    parser.add_argument(
+        "--tolerance-usage",
+        type=float,
+        default=TOLERANCE_USAGE,
+        help="relative difference allowed for the KV usage plateau (0.05: 5%%)",
+    )
 
 
 def parse_step_ramp(text: str) -> StepRamp:
@@ -199,9 +272,86 @@ def command_crosscheck(args: argparse.Namespace, plan: Plan) -> int:
     return 0 if result.agree else 1
 
 
+def command_memory(args: argparse.Namespace) -> int:
+    prediction = predict(args.profile, blocks=args.blocks_per_sequence, output=args.output_tokens)
+    try:
+        levels = (
+            sorted({int(level) for level in args.levels.split(",")})
+            if args.levels
+            else default_levels(prediction.sequences)
+        )
+    except ValueError as exc:
+        raise LoadTestError(f"--levels {args.levels!r}: {exc}") from exc
+    if not levels or levels[0] < 1:
+        raise LoadTestError(f"--levels {args.levels!r}: users must be >= 1")
+    args.out.mkdir(parents=True, exist_ok=True)
+    workload = write_workload(prediction, args.out / "workload.yaml")
+    plan = make_plan(
+        workload=str(workload),
+        profile=args.profile,
+        out=args.out,
+        tokenizer=args.tokenizer,
+        model=args.model,
+        no_targets=True,
+    )
+    prompts = keep_exact_prompts(plan.prompts_path, prediction.sizing)
+    p = prediction
+    print(
+        f"plan for {p.profile}: {p.num_blocks} KV blocks of {p.block_size} tokens; a sequence of "
+        f"{p.sizing.prompt_tokens}+{p.sizing.output_min}..{p.sizing.output_tokens} tokens holds "
+        f"{p.fit.blocks_per_sequence}; {p.sequences} fit ({p.binding}), the "
+        f"{p.waiting_from}th waits; KV usage then {p.plateau_usage * 100:.1f}%",
+        flush=True,
+    )
+    template = LocustRun(
+        host=args.host,
+        model=plan.model,
+        prompts_path=plan.prompts_path,
+        out=args.out,
+        processes=1,
+        api_key=args.api_key,
+        metrics={"engine": args.engine_metrics},
+        scrape_interval_s=args.scrape_interval,
+        itl_events=False,
+    )
+    meta = {
+        "command": "memory",
+        "host": args.host,
+        "profile": args.profile,
+        "model": plan.model,
+        "levels": ",".join(map(str, levels)),
+        "prompts": f"{plan.prompts_path} ({prompts} of them)",
+        "tokenizer": plan.tokenizer,
+        "a step ends after": f"{args.turnovers} finished requests a user, "
+        f"{args.min_scrapes} scrapes at least",
+        "scrape interval": f"{args.scrape_interval} s",
+    }
+    result = run_memory(
+        prediction,
+        template,
+        levels=levels,
+        meta=meta,
+        engine_metrics=args.engine_metrics,
+        min_scrapes=args.min_scrapes,
+        turnovers=args.turnovers,
+        step_timeout_s=args.step_timeout,
+        tolerance_sequences=args.tolerance_sequences,
+        tolerance_usage=args.tolerance_usage,
+    )
+    json_path, html_path = write_memory_report(result, args.out)
+    for warning in result.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    print(markdown_table(result))
+    print(result.verdict.table())
+    print(f"report: {html_path}  (data: {json_path})")
+    return 0 if result.verdict.passed else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        if args.command == "memory":
+            return command_memory(args)
         plan = make_plan(
             workload=args.workload,
             profile=args.profile,

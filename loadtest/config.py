@@ -17,6 +17,7 @@ from pathlib import Path
 from loadtest.errors import LoadTestError
 
 CONFIG_ENV = "LOADTEST_CONFIG"
+STOP_USERS = "stop"
 API_KEY_ENV = "LOADTEST_API_KEY"
 
 
@@ -54,6 +55,9 @@ class UserConfig:
     max_requests: int | None = None
     # Send prompts in file order from the first one, instead of from a random place.
     ordered: bool = False
+    # Users wanted, read from this file every second (the memory-plan ramp steps on
+    # conditions it sees in the engine's metrics, not on a clock); "stop" ends the run.
+    users_file: str | None = None
 
 
 def write_user_config(config: UserConfig, path: Path) -> None:
@@ -70,3 +74,24 @@ def read_user_config(path: str | None = None) -> UserConfig:
         return UserConfig(**data, step_ramp=StepRamp(**ramp) if ramp else None)
     except (OSError, ValueError, TypeError) as exc:
         raise LoadTestError(f"{where}: unreadable load-test config: {exc}") from exc
+
+
+def read_users(path: Path, last: int) -> int | None:
+    """The users a users file asks for: None for "stop", `last` while it is unreadable."""
+    try:
+        text = path.read_text(encoding="utf-8").strip()
+    except OSError:
+        return last
+    if text == STOP_USERS:
+        return None
+    try:
+        return max(0, int(text))
+    except ValueError:
+        return last
+
+
+def write_users(path: Path, users: int | None) -> None:
+    """Ask a running UsersFileShape for `users` (None: stop), atomically."""
+    partial = path.with_suffix(".tmp")
+    partial.write_text(STOP_USERS if users is None else str(users), encoding="utf-8")
+    partial.replace(path)

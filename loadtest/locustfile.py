@@ -10,7 +10,12 @@ from loadtest.user import LLMUser
 
 __all__ = ["LLMUser"]
 
-if read_user_config().step_ramp is not None:
+_config = read_user_config()
+if _config.users_file is not None:
+    from loadtest.shapes import UsersFileShape
+
+    __all__ += ["UsersFileShape"]
+elif _config.step_ramp is not None:
     from loadtest.shapes import StepRampShape
 
     __all__ += ["StepRampShape"]

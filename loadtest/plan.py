@@ -55,7 +55,9 @@ def make_plan(
     tokenizer: str | None = None,
     model: str | None = None,
     targets: str | None = None,
+    no_targets: bool = False,
 ) -> Plan:
+    """`no_targets`: the run is judged by something else (the memory plan), not by targets."""
     loaded_profile = load_profile(profile)
     loaded_workload = load_workload(workload)
     source = resolve_tokenizer(profile, tokenizer)
@@ -65,13 +67,13 @@ def make_plan(
     out.mkdir(parents=True, exist_ok=True)
     prompts_path = out / "prompts.jsonl"
     write_prompts(prompts, prompts_path)
-    targets_source = targets or profile
+    targets_source = "none" if no_targets else targets or profile
     return Plan(
         workload=loaded_workload,
         model=model or loaded_profile.served_model_name,
         max_model_len=loaded_profile.max_model_len,
         tokenizer=source,
         prompts_path=prompts_path,
-        targets=load_targets(targets_source),
+        targets=Targets() if no_targets else load_targets(targets_source),
         targets_source=targets_source,
     )

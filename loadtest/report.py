@@ -41,7 +41,7 @@ def _cell(value: float | None, digits: str = ",.1f") -> str:
     return "-" if value is None else format(value, digits)
 
 
-def _table(headers: list[str], rows: list[list[str]], css_id: str = "") -> str:
+def html_table(headers: list[str], rows: list[list[str]], css_id: str = "") -> str:
     head = "".join(f"<th>{escape(h)}</th>" for h in headers)
     body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rows)
     ident = f' id="{css_id}"' if css_id else ""
@@ -169,22 +169,27 @@ def render_html(report: Report) -> str:
             warnings,
             cpu_mark,
             f'<h2>Verdict: <span id="verdict">{overall}</span></h2>',
-            _table(["check", "target", "measured", "result"], verdict_rows, "verdict-table"),
+            html_table(["check", "target", "measured", "result"], verdict_rows, "verdict-table"),
             "<h2>Throughput</h2>",
-            _table(["metric", "value"], totals, "totals"),
+            html_table(["metric", "value"], totals, "totals"),
             "<h2>Latency (ms)</h2>",
-            _table(["", "samples", "mean", "p50", "p90", "p99"], _latency_rows(report), "latency"),
+            html_table(
+                ["", "samples", "mean", "p50", "p90", "p99"], _latency_rows(report), "latency"
+            ),
             '<h2>Over time</h2><div class="charts">',
             "".join(_charts(report)),
             "</div>",
             "<h2>Engine</h2>",
-            _table(["metric", "value"], engine_rows, "engine"),
-            ("<h2>Gateway (increase over the run)</h2>" + _table(["series", "value"], gateway_rows))
+            html_table(["metric", "value"], engine_rows, "engine"),
+            (
+                "<h2>Gateway (increase over the run)</h2>"
+                + html_table(["series", "value"], gateway_rows)
+            )
             if gateway_rows
             else "",
-            ("<h2>Errors</h2>" + _table(["error", "count"], errors)) if errors else "",
+            ("<h2>Errors</h2>" + html_table(["error", "count"], errors)) if errors else "",
             "<h2>Run</h2>",
-            _table(["setting", "value"], meta_rows, "meta"),
+            html_table(["setting", "value"], meta_rows, "meta"),
             "</body></html>\n",
         ]
     )

@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,6 +51,13 @@ class LocustRun:
     itl_events: bool = True
     max_requests: int | None = None  # stop after this many (one process only)
     ordered: bool = False  # send prompts in file order (the cross-check), not from a random place
+    # Users from this file (loadtest.config.write_users), changed by a driver while Locust
+    # runs; `duration_s` is then only the longest the run may take.
+    users_file: Path | None = None
+
+
+# Runs beside Locust (in the calling thread) while it runs; returns once it told Locust to stop.
+Driver = Callable[[MetricsScraper, "subprocess.Popen[bytes]"], None]
 
 
 @dataclass(frozen=True)
@@ -105,7 +113,7 @@ def locust_command(run: LocustRun) -> list[str]:
     return command
 
 
-def run_locust(run: LocustRun) -> RunData:
+def run_locust(run: LocustRun, driver: Driver | None = None) -> RunData:
     if run.max_requests is not None and run.processes > 1:
         raise LoadTestError("max_requests needs a single Locust process (--processes 1)")
     run.out.mkdir(parents=True, exist_ok=True)
@@ -123,6 +131,7 @@ def run_locust(run: LocustRun) -> RunData:
             step_ramp=run.step_ramp,
             max_requests=run.max_requests,
             ordered=run.ordered,
+            users_file=str(run.users_file.resolve()) if run.users_file else None,
         ),
         config_path,
     )
@@ -141,6 +150,9 @@ def run_locust(run: LocustRun) -> RunData:
         )
         with scraper, CpuMonitor(process.pid, interval_s=run.scrape_interval_s) as cpu:
             try:
+                if driver is not None:
+                    driver(scraper, process)
+                    duration = 0.0  # the driver saw it through: Locust only stops now
                 code = process.wait(timeout=duration + GRACE_S)
             except subprocess.TimeoutExpired:
                 process.kill()
@@ -148,6 +160,10 @@ def run_locust(run: LocustRun) -> RunData:
                 raise LoadTestError(
                     f"Locust did not finish in {duration + GRACE_S:.0f}s; see {log}"
                 ) from None
+            except BaseException:
+                process.kill()
+                process.wait()
+                raise
     ended = time.time()
     records = read_records(records_dir)
     if code != 0 and not records:

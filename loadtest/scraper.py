@@ -28,6 +28,7 @@ PROMPT_TOKENS = "vllm:prompt_tokens_total"
 GENERATION_TOKENS = "vllm:generation_tokens_total"
 PREFIX_HITS = "vllm:prefix_cache_hits_total"
 PREFIX_QUERIES = "vllm:prefix_cache_queries_total"
+REQUEST_SUCCESS = "vllm:request_success_total"
 
 # sample name -> how label sets combine
 ENGINE_SERIES: dict[str, Callable[[list[float]], float]] = {
@@ -39,6 +40,7 @@ ENGINE_SERIES: dict[str, Callable[[list[float]], float]] = {
     GENERATION_TOKENS: sum,
     PREFIX_HITS: sum,
     PREFIX_QUERIES: sum,
+    REQUEST_SUCCESS: sum,
 }
 GATEWAY_PREFIX = "gateway_"
 SKIPPED_SUFFIXES = ("_bucket", "_created")

@@ -8,9 +8,11 @@ gets its own steady state, statistics and verdict.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from locust import LoadTestShape
 
-from loadtest.config import StepRamp, read_user_config
+from loadtest.config import StepRamp, read_user_config, read_users
 
 
 class StepRampShape(LoadTestShape):
@@ -26,4 +28,24 @@ class StepRampShape(LoadTestShape):
         if users is None:
             return None
         # Spawn each step at once: the step, not the spawn rate, is what is measured.
+        return users, float(max(users, 1))
+
+
+class UsersFileShape(LoadTestShape):
+    """As many users as the run's users file says (`loadtest.memory` writes it per step)."""
+
+    abstract = False
+
+    def __init__(self) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        path = read_user_config().users_file
+        assert path is not None
+        self.path = Path(path)
+        self.users = 0
+
+    def tick(self) -> tuple[int, float] | None:
+        users = read_users(self.path, self.users)
+        if users is None:
+            return None
+        self.users = users
         return users, float(max(users, 1))

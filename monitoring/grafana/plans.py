@@ -15,17 +15,10 @@ depends only on the architecture, the precision and the KV space.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Literal
 
-from serving.models.tiny_model import TinyModelParams, qwen3_config
-from serving.models.tiny_tokenizer import special_token_ids
-from serving.planner.catalog import names_awq, resolve_model
-from serving.planner.command import BUILTIN_PREFIX, DEFAULT_GPU, profile_settings
-from serving.planner.config_json import spec_from_config
-from serving.planner.gpus import get_gpu
-from serving.planner.models import ModelSpec
-from serving.planner.plan import plan_for
+from serving.planner.command import profile_plan
 from serving.profiles import load_all_profiles
 from serving.profiles.model import Profile
 
@@ -42,21 +35,9 @@ class ProfilePlan:
     max_num_seqs: int
 
 
-def _spec(profile: Profile) -> ModelSpec:
-    if profile.model.startswith(BUILTIN_PREFIX):
-        params = TinyModelParams()
-        config = qwen3_config(params, params.vocab_size, special_token_ids())
-        return spec_from_config(config, name=profile.model, source="TinyModelParams")
-    return resolve_model(profile.model)
-
-
 def plan_profile(profile: Profile) -> ProfilePlan:
     """What `serving plan --profile NAME` predicts, for the fields the dashboards chart."""
-    settings = profile_settings(profile)
-    if settings.quantization == "none" and names_awq(profile.model):
-        settings = replace(settings, quantization="awq")
-    gpu = get_gpu("cpu" if profile.device == "cpu" else (profile.gpu or DEFAULT_GPU))
-    plan = plan_for(_spec(profile), gpu, settings)
+    plan = profile_plan(profile)
     return ProfilePlan(
         profile=profile.name,
         model=profile.served_model_name,

@@ -48,6 +48,7 @@ ENGINE_FLAGS: dict[str, str] = {
     "enforce_eager": "--enforce-eager",
     "cpu_offload_gb": "--cpu-offload-gb",
     "kv_offloading_size_gib": "--kv-offloading-size",
+    "kv_cache_memory_bytes": "--kv-cache-memory-bytes",
     "language_model_only": "--language-model-only",  # the planner's; no profile sets it
 }
 
@@ -114,6 +115,8 @@ def engine_args(profile: Profile, model_path: str, *, host: str, port: int) -> l
         args += _option("cpu_offload_gb", profile.cpu_offload_gb)
     if profile.kv_offloading_size_gib is not None:
         args += _option("kv_offloading_size_gib", profile.kv_offloading_size_gib)
+    if profile.kv_cache_memory_bytes is not None:
+        args += _option("kv_cache_memory_bytes", profile.kv_cache_memory_bytes)
     return args
 
 

@@ -19,8 +19,9 @@ from serving.engine.flags import engine_flag
 from serving.errors import ServingError
 from serving.paths import models_dir
 from serving.planner.catalog import names_awq, resolve_model
-from serving.planner.gpus import get_gpu, with_memory
-from serving.planner.plan import plan_for
+from serving.planner.gpus import GpuSpec, get_gpu, with_memory
+from serving.planner.models import ModelSpec
+from serving.planner.plan import Plan, plan_for
 from serving.planner.render import plan_to_dict, render_table
 from serving.planner.settings import PlanSettings
 
@@ -112,6 +113,33 @@ def profile_settings(profile: Profile) -> PlanSettings:
         prefix_caching=profile.enable_prefix_caching,
         enforce_eager=profile.enforce_eager,
     )
+
+
+def profile_spec(profile: Profile) -> ModelSpec:
+    """The model a profile plans with. A project-built model (`builtin:`) is planned from its
+    build parameters, so no checkpoint is needed: its KV layout depends only on the
+    architecture, the precision and the KV space."""
+    if profile.model.startswith(BUILTIN_PREFIX):
+        from serving.models.tiny_model import TinyModelParams, qwen3_config
+        from serving.models.tiny_tokenizer import special_token_ids
+        from serving.planner.config_json import spec_from_config
+
+        params = TinyModelParams()
+        config = qwen3_config(params, params.vocab_size, special_token_ids())
+        return spec_from_config(config, name=profile.model, source="TinyModelParams")
+    return resolve_model(profile.model)
+
+
+def profile_gpu(profile: Profile) -> GpuSpec:
+    return get_gpu("cpu" if profile.device == "cpu" else (profile.gpu or DEFAULT_GPU))
+
+
+def profile_plan(profile: Profile) -> Plan:
+    """What `serving plan --profile NAME` predicts for a profile, without flags."""
+    settings = profile_settings(profile)
+    if settings.quantization == "none" and names_awq(profile.model):
+        settings = replace(settings, quantization="awq")
+    return plan_for(profile_spec(profile), profile_gpu(profile), settings)
 
 
 def _load_profile(name: str) -> Profile:

@@ -136,3 +136,45 @@ def kv_capacity(layout: KvLayout, available_bytes: int, max_model_len: int) -> K
         max_concurrency=concurrency,
         tokens=int(concurrency * max_model_len),
     )
+
+
+# vllm/v1/core/block_pool.py: BlockPool takes one block out of the free queue at start (the
+# null block, a placeholder that holds no tokens); `get_usage` divides by the blocks left.
+NULL_BLOCKS = 1
+
+
+@dataclass(frozen=True)
+class SequenceFit:
+    """How many sequences of one length a KV cache holds at once, and how full it is then.
+
+    A sequence of `tokens` tokens (prompt + output) holds `blocks_per_sequence` blocks;
+    `usable_blocks` leaves out vLLM's null block. vLLM's scheduler admits a waiting request
+    while the free blocks hold its prompt, so with prompts that already fill every block a
+    sequence will need, `sequences` run at once and one more waits; the cache is then
+    `usage` full (vllm:kv_cache_usage_perc, 0..1).
+    """
+
+    tokens: int
+    blocks_per_sequence: int
+    usable_blocks: int
+    sequences: int
+    usage: float  # sequences x blocks_per_sequence / usable_blocks
+
+    def usage_at(self, concurrency: int) -> float:
+        """Predicted vllm:kv_cache_usage_perc with `concurrency` such sequences in flight."""
+        held = min(concurrency, self.sequences) * self.blocks_per_sequence
+        return held / self.usable_blocks if self.usable_blocks else 0.0
+
+
+def sequence_fit(layout: KvLayout, capacity: KvCapacity, tokens: int) -> SequenceFit:
+    """Sequences of `tokens` tokens that `capacity` holds at once (see SequenceFit)."""
+    per_sequence = layout.blocks_per_sequence(tokens)
+    usable = max(0, capacity.num_blocks - NULL_BLOCKS)
+    sequences = usable // per_sequence
+    return SequenceFit(
+        tokens=tokens,
+        blocks_per_sequence=per_sequence,
+        usable_blocks=usable,
+        sequences=sequences,
+        usage=sequences * per_sequence / usable if usable else 0.0,
+    )

@@ -24,6 +24,7 @@ from serving.planner.kv import (
     KvLayout,
     kv_capacity,
     kv_layout,
+    sequence_fit,
 )
 from serving.planner.models import ModelSpec
 from serving.planner.precision import is_fp8, kv_dtype_bytes, model_dtype_bytes
@@ -74,7 +75,7 @@ class Plan:
     kv_bytes_per_token_model: int  # all full-attention layers, whole model, no replication
     layout: KvLayout
     capacity: KvCapacity
-    max_sequences: int  # per replica, at max_model_len: min(max_num_seqs, concurrency)
+    max_sequences: int  # per replica, at max_model_len: min(max_num_seqs, what the blocks hold)
     headroom_bytes: int  # KV space left after one sequence of max_model_len
     decode_tokens_s: float | None  # one sequence, empty context (roofline)
     decode_tokens_s_full_context: float | None  # one sequence at max_model_len (roofline)
@@ -210,7 +211,11 @@ def evaluate(spec: ModelSpec, gpu: GpuSpec, settings: PlanSettings) -> Plan:
         * kv_bytes,
         layout=layout,
         capacity=capacity,
-        max_sequences=min(s.max_num_seqs, math.floor(capacity.max_concurrency)),
+        # vLLM's max concurrency counts every block; its block pool keeps one (the null
+        # block), so at an exact multiple one sequence fewer runs (the memory load test).
+        max_sequences=min(
+            s.max_num_seqs, sequence_fit(layout, capacity, s.max_model_len).sequences
+        ),
         headroom_bytes=available - layout.bytes_per_sequence(s.max_model_len),
         decode_tokens_s=_roofline(gpu, read),
         decode_tokens_s_full_context=_roofline(gpu, read + full_context),

@@ -17,6 +17,7 @@ Dtype = Literal["auto", "float16", "bfloat16", "float32"]
 Quantization = Literal["none", "awq"]
 KvCacheDtype = Literal["auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2"]
 Device = Literal["cpu", "gpu"]
+GIB = 1 << 30
 
 
 class Profile(BaseModel):
@@ -48,6 +49,9 @@ class Profile(BaseModel):
     enforce_eager: bool = False
     cpu_offload_gb: float = Field(default=0.0, ge=0.0)
     kv_offloading_size_gib: float | None = Field(default=None, gt=0.0)
+    # The CPU engine's KV cache in bytes, for sizes VLLM_CPU_KVCACHE_SPACE (whole GiB) cannot
+    # say: a cache small enough to fill with a few sequences (the memory-plan load test).
+    kv_cache_memory_bytes: int | None = Field(default=None, ge=1)
     env: dict[str, str] = Field(default_factory=dict)
 
     @model_validator(mode="after")
@@ -67,6 +71,14 @@ class Profile(BaseModel):
             )
         if self.device == "gpu" and self.gpu is None:
             raise ValueError("gpu is required for a gpu profile (e.g. rtx-4090)")
+        if self.kv_cache_memory_bytes is not None:
+            if self.device != "cpu":
+                raise ValueError("kv_cache_memory_bytes is for cpu profiles (GPUs: utilization)")
+            if "VLLM_CPU_KVCACHE_SPACE" in self.env:
+                # vLLM's CPU platform lets the variable win over the flag: one size only.
+                raise ValueError(
+                    "set kv_cache_memory_bytes or env VLLM_CPU_KVCACHE_SPACE, not both"
+                )
         return self
 
     @property
@@ -78,7 +90,10 @@ class Profile(BaseModel):
 
     @property
     def cpu_kv_space_gib(self) -> float | None:
-        """KV cache space the CPU engine gets, from VLLM_CPU_KVCACHE_SPACE (vLLM default 4)."""
+        """KV cache space the CPU engine gets: kv_cache_memory_bytes, else VLLM_CPU_KVCACHE_SPACE
+        (whole GiB, vLLM's default 4)."""
         if self.device != "cpu":
             return None
+        if self.kv_cache_memory_bytes is not None:
+            return self.kv_cache_memory_bytes / GIB
         return float(self.env.get("VLLM_CPU_KVCACHE_SPACE", "4"))

@@ -34,6 +34,10 @@ class FakeConfig:
     api_key: str | None = None
     # Without ignore_eos, stop after this many tokens (an "EOS"); None: always max_tokens.
     eos_after: int | None = None
+    # A paged KV cache of `kv_blocks` blocks (one is vLLM's null block) where each request
+    # holds `blocks_per_request`: requests beyond what fits wait, as in vLLM's scheduler.
+    kv_blocks: int | None = None
+    blocks_per_request: int = 1
 
 
 @dataclass
@@ -43,6 +47,8 @@ class FakeState:
     running: int = 0
     requests: int = 0
     preemptions: int = 0
+    waiting: int = 0
+    succeeded: int = 0
     bodies: list[dict[str, Any]] = field(default_factory=list)
     running_served: list[int] = field(default_factory=list)
     """The running gauge as served to each engine scrape (not `?source=gateway` ones)."""
@@ -64,7 +70,37 @@ def chunk(delta: dict[str, str], *, finish: str | None = None) -> bytes:
     return f"data: {json.dumps(data)}\n\n".encode()
 
 
+def fits(config: FakeConfig) -> int:
+    """Requests the fake's KV cache holds at once."""
+    if config.kv_blocks is None:
+        return 1 << 30
+    return (config.kv_blocks - 1) // config.blocks_per_request
+
+
+def kv_usage(config: FakeConfig, state: FakeState) -> float:
+    if config.kv_blocks is None:
+        return state.running / MAX_NUM_SEQS
+    return state.running * config.blocks_per_request / (config.kv_blocks - 1)
+
+
 def build_app(config: FakeConfig, state: FakeState) -> web.Application:
+    admitted = asyncio.Condition()
+
+    async def admit() -> None:
+        """Wait while the KV cache is full (the request counts as waiting meanwhile)."""
+        state.waiting += 1
+        try:
+            async with admitted:
+                await admitted.wait_for(lambda: state.running < fits(config))
+                state.running += 1
+        finally:
+            state.waiting -= 1
+
+    async def release() -> None:
+        async with admitted:
+            state.running -= 1
+            admitted.notify_all()
+
     async def chat(request: web.Request) -> web.StreamResponse:
         if config.api_key and request.headers.get("Authorization") != f"Bearer {config.api_key}":
             return web.json_response({"error": {"message": "bad key"}}, status=401)
@@ -82,7 +118,7 @@ def build_app(config: FakeConfig, state: FakeState) -> web.Application:
         state.prompt_tokens += n_prompt
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
-        state.running += 1
+        await admit()
         try:
             await asyncio.sleep(config.ttft_s)
             await response.write(chunk({"role": "assistant", "content": ""}))
@@ -107,10 +143,11 @@ def build_app(config: FakeConfig, state: FakeState) -> web.Application:
                 data = {"id": "chatcmpl-fake", "choices": [], "usage": usage}
                 await response.write(f"data: {json.dumps(data)}\n\n".encode())
             await response.write(b"data: [DONE]\n\n")
+            state.succeeded += 1
         except ConnectionResetError:
             pass  # the client went away (Locust stops users mid-stream at the end of a run)
         finally:
-            state.running -= 1
+            await release()
         return response
 
     async def metrics(request: web.Request) -> web.Response:
@@ -121,15 +158,20 @@ def build_app(config: FakeConfig, state: FakeState) -> web.Application:
             "# TYPE vllm:num_requests_running gauge",
             f"vllm:num_requests_running{label} {state.running}",
             "# TYPE vllm:num_requests_waiting gauge",
-            f"vllm:num_requests_waiting{label} 0",
+            f"vllm:num_requests_waiting{label} {state.waiting}",
             "# TYPE vllm:kv_cache_usage_perc gauge",
-            f"vllm:kv_cache_usage_perc{label} {state.running / MAX_NUM_SEQS}",
+            f"vllm:kv_cache_usage_perc{label} {kv_usage(config, state)}",
+            "# TYPE vllm:request_success counter",
+            f'vllm:request_success_total{{model_name="{MODEL}",finished_reason="length"}} '
+            f"{state.succeeded}",
             "# TYPE vllm:num_preemptions counter",
             f"vllm:num_preemptions_total{label} {state.preemptions}",
             "# TYPE vllm:prompt_tokens counter",
             f"vllm:prompt_tokens_total{label} {state.prompt_tokens}",
             "# TYPE vllm:generation_tokens counter",
             f"vllm:generation_tokens_total{label} {state.generation_tokens}",
+            "# TYPE vllm:cache_config_info gauge",
+            f'vllm:cache_config_info{{num_gpu_blocks="{config.kv_blocks or 0}"}} 1',
             "# TYPE gateway_requests counter",
             f'gateway_requests_total{{status="200"}} {state.requests}',
         ]

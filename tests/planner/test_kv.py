@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from serving.planner.catalog import QWEN3_8B, QWEN25_7B, QWEN35_9B
 from serving.planner.gpus import GiB
-from serving.planner.kv import KvLayout, kv_capacity, kv_layout, linear_state_bytes
+from serving.planner.kv import KvLayout, kv_capacity, kv_layout, linear_state_bytes, sequence_fit
 
 SPECS = {"7b": QWEN25_7B, "8b": QWEN3_8B, "9b": QWEN35_9B}
 
@@ -77,3 +77,17 @@ def test_capacity_never_exceeds_the_pool(available: int, length: int) -> None:
         capacity = kv_capacity(layout, available, length)
         assert capacity.num_blocks * layout.bytes_per_block <= available
         assert capacity.tokens <= capacity.num_blocks * layout.block_size
+
+
+def test_sequences_that_fit_leave_out_vllms_null_block() -> None:
+    layout = _layout("8b", block=128)
+    per_block = layout.bytes_per_block
+    # 33 blocks: 32 usable hold four sequences of 8 blocks, and not one token more.
+    fit = sequence_fit(layout, kv_capacity(layout, 33 * per_block, 1024), 1024)
+    assert (fit.blocks_per_sequence, fit.usable_blocks, fit.sequences) == (8, 32, 4)
+    assert fit.usage == 1.0 and fit.usage_at(2) == 0.5
+    # 32 blocks: vLLM's max concurrency says 4, but its block pool holds only 3.
+    tight = kv_capacity(layout, 32 * per_block, 1024)
+    assert tight.max_concurrency == 4.0
+    assert sequence_fit(layout, tight, 1024).sequences == 3
+    assert sequence_fit(layout, tight, 1025).blocks_per_sequence == 9

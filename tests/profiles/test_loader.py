@@ -47,6 +47,12 @@ def test_broken_fixture_names_the_field() -> None:
         ({"device": "gpu"}, "gpu is required"),
         ({"device": "gpu", "gpu": "rtx-4090", "tensor_parallel_size": 4}, "gpu_count"),
         ({"enable_chunked_prefill": False, "max_num_batched_tokens": 32}, "max_num_batched_tokens"),
+        ({"kv_cache_memory_bytes": 0}, "kv_cache_memory_bytes"),
+        (
+            {"kv_cache_memory_bytes": 1 << 20, "env": {"VLLM_CPU_KVCACHE_SPACE": "1"}},
+            "not both",
+        ),
+        ({"device": "gpu", "gpu": "rtx-4090", "kv_cache_memory_bytes": 1 << 20}, "cpu profiles"),
     ],
 )
 def test_bad_values_name_the_field(override: dict[str, object], field: str) -> None:
@@ -71,3 +77,8 @@ def test_not_a_mapping_is_refused(tmp_path: Path) -> None:
 def test_cpu_kv_space_comes_from_the_env() -> None:
     assert load_profile("cpu-tiny").cpu_kv_space_gib == 1.0
     assert parse_profile(BASE, source="x", default_name="x").cpu_kv_space_gib == 4.0
+
+
+def test_cpu_kv_space_in_bytes_for_caches_under_a_gib() -> None:
+    small = parse_profile({**BASE, "kv_cache_memory_bytes": 9 << 20}, source="x", default_name="x")
+    assert small.cpu_kv_space_gib == 9 / 1024
