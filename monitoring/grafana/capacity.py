@@ -20,11 +20,13 @@ from grafana_foundation_sdk.models.dashboard import DynamicConfigValue
 from monitoring.grafana.common import (
     BYTES,
     COUNT,
+    REPLICAS,
     SECONDS,
     TOKENS,
     Board,
     Query,
     label_variable,
+    running_and_waiting,
     stat_panel,
     table_panel,
     timeseries_panel,
@@ -32,7 +34,6 @@ from monitoring.grafana.common import (
 from monitoring.grafana.plans import Field, ProfilePlan, planned
 
 UID = "serving-capacity"
-REPLICAS = 'instance=~"$instance"'
 PROFILES = 'profile=~"$profile"'
 RUNNING = f"serving_engine_startup_seconds{{{PROFILES}}}"
 BLOCKS = "suffix: blocks"
@@ -162,14 +163,7 @@ def build(plans: list[ProfilePlan] | None = None) -> dict[str, Any]:
             "Sequences against the plan",
             COUNT,
             [
-                Query(
-                    f"sum by (instance) (vllm:num_requests_running{{{REPLICAS}}})",
-                    "running {{instance}}",
-                ),
-                Query(
-                    f"sum by (instance) (vllm:num_requests_waiting{{{REPLICAS}}})",
-                    "waiting {{instance}}",
-                ),
+                *running_and_waiting(),
                 _planned("max_sequences", "planned: sequences at max_model_len {{profile}}", plans),
             ],
             description=(

@@ -113,6 +113,22 @@ def _common(
         panel.with_target(_target(query, _ref(index)))
 
 
+# vLLM replicas chosen by the dashboards' `instance` variable.
+REPLICAS = 'instance=~"$instance"'
+
+
+def running_and_waiting() -> list[Query]:
+    """vLLM's running batch and waiting queue per replica (the Engine and Capacity boards)."""
+    return [
+        Query(
+            f"sum by (instance) (vllm:num_requests_running{{{REPLICAS}}})", "running {{instance}}"
+        ),
+        Query(
+            f"sum by (instance) (vllm:num_requests_waiting{{{REPLICAS}}})", "waiting {{instance}}"
+        ),
+    ]
+
+
 def timeseries_panel(
     title: str,
     unit: str,

@@ -14,6 +14,7 @@ from monitoring.grafana.common import (
     EVENTS_PER_S,
     RATE,
     RATIO,
+    REPLICAS,
     REQUESTS_PER_S,
     SECONDS,
     TOKENS_PER_S,
@@ -21,11 +22,11 @@ from monitoring.grafana.common import (
     Query,
     label_variable,
     percentile_queries,
+    running_and_waiting,
     timeseries_panel,
 )
 
 UID = "serving-engine"
-REPLICAS = 'instance=~"$instance"'
 
 
 def _per_replica_rate(metric: str, legend: str) -> Query:
@@ -108,14 +109,7 @@ def build() -> dict[str, Any]:
             "Running and waiting requests",
             COUNT,
             [
-                Query(
-                    f"sum by (instance) (vllm:num_requests_running{{{REPLICAS}}})",
-                    "running {{instance}}",
-                ),
-                Query(
-                    f"sum by (instance) (vllm:num_requests_waiting{{{REPLICAS}}})",
-                    "waiting {{instance}}",
-                ),
+                *running_and_waiting(),
             ],
             description="Requests in the running batch and in the waiting queue.",
         )
