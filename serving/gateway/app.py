@@ -105,6 +105,12 @@ class GatewayApp:
         if settings.keys_db:
             journal = SqliteBudgetJournal(Path(settings.keys_db))
             self._closers.append(journal.close)
+        if settings.redis_url:
+            # Wired by deployments (k8s/) ahead of the shared store; never log the URL itself.
+            logger.warning(
+                "redis_url is set, but this gateway keeps quota state in its own process: "
+                "each replica enforces each key's limits on its own"
+            )
         store = InMemoryQuotaStore(clock, journal=journal)
         self.quota = QuotaEngine(
             store, default_max_tokens=settings.default_max_tokens, lease_ttl=settings.lease_ttl_s

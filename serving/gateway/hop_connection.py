@@ -172,6 +172,7 @@ class HopConnection(asyncio.Protocol):
         self.reused = False
         """It has completed an exchange before (so it may have gone stale while idle)."""
         self.idle_since = 0.0
+        self.opened_at = 0.0
         self._on_done = on_done
         self._parser = httptools.HttpResponseParser(self)
         self._idle_timeout_s = idle_timeout_s

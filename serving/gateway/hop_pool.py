@@ -20,6 +20,9 @@ The rules:
 - Idle connections are reused newest first, for at most `keepalive_s` after their last
   response (keep it below the upstream's own keep-alive, 5 s for vLLM); one pool timer
   closes those that expired, there is no per-request timer for it.
+- A connection older than `max_age_s` (0: no limit) is closed when its response ends instead
+  of going back to the pool: behind a Kubernetes Service, new connections go only to ready
+  engine pods, so a terminating one stops getting requests even under steady load.
 - A request on a reused connection that fails before a byte of the response arrived (the
   upstream closed it while it was idle) is sent again, once, on a new connection.
 - Opening a connection takes at most `connect_timeout_s` (then `HopConnectError`).
@@ -53,6 +56,7 @@ class HopPool:
         idle_timeout_s: float,
         keepalive_s: float,
         max_connections: int = 0,
+        max_age_s: float = 0.0,
     ) -> None:
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -67,6 +71,7 @@ class HopPool:
         self._connect_timeout_s = connect_timeout_s
         self._idle_timeout_s = idle_timeout_s
         self._keepalive_s = keepalive_s
+        self._max_age_s = max_age_s
         self._slots = asyncio.Semaphore(max_connections) if max_connections > 0 else None
         self._idle: list[HopConnection] = []
         self._sweeper: asyncio.TimerHandle | None = None
@@ -161,6 +166,7 @@ class HopPool:
             raise HopConnectError("connecting to the upstream timed out") from exc
         except OSError as exc:
             raise HopConnectError(f"cannot connect to the upstream ({exc.strerror})") from exc
+        connection.opened_at = loop.time()
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -171,11 +177,12 @@ class HopPool:
             self._slots.release()
         if not reusable:
             return
-        if self._closed:
+        loop = connection.loop
+        now = loop.time()
+        if self._closed or (self._max_age_s and now - connection.opened_at >= self._max_age_s):
             connection.close()
             return
-        loop = connection.loop
-        connection.idle_since = loop.time()
+        connection.idle_since = now
         self._idle.append(connection)
         if self._sweeper is None:
             self._sweeper = loop.call_later(self._keepalive_s, self._sweep)

@@ -55,6 +55,7 @@ from serving.errors import ServingError
 
 ENV_PREFIX = "SERVING_GATEWAY_"
 API_KEY_ENV = "SERVING_API_KEY"
+REDIS_SCHEMES = ("redis", "rediss", "unix")
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +113,10 @@ class GatewaySettings(BaseSettings):
     the gateway never reuses a connection the upstream is closing."""
     upstream_max_connections: int = Field(default=0, ge=0)
     """Cap on pooled upstream connections; 0 means no cap (vLLM schedules for itself)."""
+    upstream_max_connection_age_s: float = Field(default=0.0, ge=0, allow_inf_nan=False)
+    """An upstream connection this old is closed after its response instead of being reused
+    (0: no limit). Behind a Service with several engine replicas (Kubernetes), set it so that
+    a draining replica stops getting requests on kept-alive connections."""
     readiness_timeout_s: Seconds = 2.0
     """Total time /readyz gives the upstream's /health."""
     retry_after_s: int = Field(default=1, ge=0)
@@ -135,6 +140,10 @@ class GatewaySettings(BaseSettings):
     balancers stop sending traffic before the listener closes (0: close at once)."""
     graceful_shutdown_s: Annotated[int, FlagAlias("--graceful-timeout")] = Field(default=30, ge=0)
     """After the drain delay, how long in-flight requests may finish before they are cut."""
+    redis_url: NonEmpty | None = Field(default=None, repr=False)
+    """Redis for quota state shared by gateway replicas (redis://, rediss:// or unix://; may
+    carry a password, so it is never shown). Accepted and checked now so that deployments can
+    wire it (k8s/); this version still keeps quotas in each process and warns at start."""
 
     @field_validator("upstream")
     @classmethod
@@ -151,6 +160,21 @@ class GatewaySettings(BaseSettings):
         if port == 0:
             raise ValueError("has port 0")
         return url.rstrip("/")
+
+    @field_validator("redis_url")
+    @classmethod
+    def _check_redis_url(cls, url: str | None) -> str | None:
+        if url is None:
+            return None
+        try:
+            parts = urlsplit(url)
+            parts.port  # noqa: B018 (raises on a bad port)
+        except ValueError as exc:
+            # Not the URL itself in the message: it may carry a password.
+            raise ValueError(f"not a valid URL ({type(exc).__name__})") from None
+        if parts.scheme not in REDIS_SCHEMES or not (parts.hostname or parts.path):
+            raise ValueError("must be a redis://, rediss:// or unix:// URL")
+        return url
 
     @model_validator(mode="before")
     @classmethod
@@ -301,7 +325,8 @@ def settings_error(exc: ValidationError) -> ServingError:
         elif error["type"] == "missing":
             problems.append(f"{name}: required ({flag_name(name)} or {env_name(name)})")
         else:
-            shown = "(hidden)" if name == "api_key_digests" else repr(error["input"])
+            # Fields kept out of the repr (keys, a Redis URL's password) stay out of errors.
+            shown = repr(error["input"]) if fields[name].repr else "(hidden)"
             problems.append(
                 f"{name}: {shown} is not valid: {reason} ({flag_name(name)} or {env_name(name)})"
             )

@@ -48,6 +48,7 @@ class UpstreamClient:
             idle_timeout_s=settings.upstream_idle_timeout_s,
             keepalive_s=settings.upstream_keepalive_s,
             max_connections=settings.upstream_max_connections,
+            max_age_s=settings.upstream_max_connection_age_s,
         )
         connector = aiohttp.TCPConnector(
             limit=settings.upstream_max_connections,

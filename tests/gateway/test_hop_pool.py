@@ -15,13 +15,16 @@ from tests.gateway.servers import closed_port
 OK = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"
 
 
-def pool_for(url: str, *, keepalive_s: float = 4.0, max_connections: int = 0) -> HopPool:
+def pool_for(
+    url: str, *, keepalive_s: float = 4.0, max_connections: int = 0, max_age_s: float = 0.0
+) -> HopPool:
     return HopPool(
         url,
         connect_timeout_s=2.0,
         idle_timeout_s=5.0,
         keepalive_s=keepalive_s,
         max_connections=max_connections,
+        max_age_s=max_age_s,
     )
 
 
@@ -129,6 +132,25 @@ def test_idle_connections_expire_after_keepalive() -> None:
             await asyncio.wait_for(upstream.client_closed.wait(), 1)
             await fetch(pool)
             assert [request.connection for request in upstream.requests] == [0, 1]
+
+    asyncio.run(scenario())
+
+
+def test_a_connection_past_its_max_age_is_not_reused() -> None:
+    async def answer(request: Request, writer: asyncio.StreamWriter) -> None:
+        writer.write(OK)
+
+    async def scenario() -> None:
+        async with RawUpstream(answer) as upstream:
+            pool = pool_for(upstream.url, max_age_s=0.2)
+            await fetch(pool)
+            await fetch(pool)  # young: reused
+            await asyncio.sleep(0.3)
+            await fetch(pool)  # past its age when this response ends: closed, not pooled
+            assert pool.idle_connections == 0
+            await fetch(pool)
+            await pool.close()
+            assert [request.connection for request in upstream.requests] == [0, 0, 0, 1]
 
     asyncio.run(scenario())
 

@@ -36,6 +36,7 @@ GOOD: dict[str, tuple[str, object]] = {
     "upstream_idle_timeout_s": ("60", 60.0),
     "upstream_keepalive_s": ("2", 2.0),
     "upstream_max_connections": ("8", 8),
+    "upstream_max_connection_age_s": ("10", 10.0),
     "readiness_timeout_s": ("0.5", 0.5),
     "retry_after_s": ("3", 3),
     "header_timeout_s": ("2", 2.0),
@@ -45,7 +46,10 @@ GOOD: dict[str, tuple[str, object]] = {
     "health_interval_s": ("0.25", 0.25),
     "drain_delay_s": ("0", 0.0),
     "graceful_shutdown_s": ("7", 7),
+    "redis_url": ("redis://:pw@redis:6379/0", "redis://:pw@redis:6379/0"),
 }
+# Settings whose values may carry a secret: errors and reprs never show them.
+SECRET_FIELDS = {"redis_url"}
 # field -> a value it refuses
 BAD: dict[str, str] = {
     "upstream": "localhost:8001",
@@ -58,6 +62,7 @@ BAD: dict[str, str] = {
     "upstream_idle_timeout_s": "nan",
     "upstream_keepalive_s": "-1",
     "upstream_max_connections": "-1",
+    "upstream_max_connection_age_s": "-1",
     "readiness_timeout_s": "inf",
     "retry_after_s": "1.5",
     "header_timeout_s": "soon",
@@ -67,6 +72,7 @@ BAD: dict[str, str] = {
     "health_interval_s": "0",
     "drain_delay_s": "-1",
     "graceful_shutdown_s": "2.5",
+    "redis_url": "http://redis:6379",
 }
 # Set as digests only, from --api-key or SERVING_API_KEY (tested below).
 SETTINGS = [name for name in GatewaySettings.model_fields if name != "api_key_digests"]
@@ -115,7 +121,7 @@ def test_a_bad_variable_names_the_field_the_value_and_the_variable(
     with pytest.raises(ServingError) as caught:
         GatewaySettings.from_env()
     message = str(caught.value)
-    assert message.startswith(f"{field}: {BAD[field]!r}"), message
+    assert message.startswith(f"{field}: {shown(field)}"), message
     assert env_name(field) in message and flag_name(field) in message
 
 
@@ -124,8 +130,21 @@ def test_a_bad_flag_names_the_field_and_the_value(field: str) -> None:
     with pytest.raises(ServingError) as caught:
         from_flags(*base_flags(field), flag_name(field), BAD[field])
     message = str(caught.value)
-    assert message.startswith(f"{field}: {BAD[field]!r}"), message
+    assert message.startswith(f"{field}: {shown(field)}"), message
     assert flag_name(field) in message
+
+
+def shown(field: str) -> str:
+    """How an error shows the bad value: hidden for settings that may carry a secret."""
+    return "(hidden)" if field in SECRET_FIELDS else repr(BAD[field])
+
+
+def test_a_bad_redis_url_never_shows_its_password() -> None:
+    with pytest.raises(ServingError) as caught:
+        from_flags(*base_flags("redis_url"), "--redis-url", "http://:hunter2@redis:6379")
+    assert "hunter2" not in str(caught.value)
+    settings = from_flags(*base_flags("redis_url"), "--redis-url", "redis://:hunter2@redis:6379")
+    assert "hunter2" not in repr(settings)
 
 
 @pytest.mark.parametrize(("flag", "field"), LEGACY_FLAGS.items())
