@@ -3,6 +3,8 @@
     for series in SCRAPED: series.name, series.family, series.type, series.job
     JOBS                   # the scrape jobs prometheus.yml must define, rules select on
     PROMETHEUS_MADE        # series Prometheus makes itself (`up`), not in any /metrics
+    CLUSTER_MADE           # series a Kubernetes cluster exports (kube-state-metrics), read
+                           # where the stack runs from k8s/; no local scrape has them
 
 `name` is the name as a scrape shows it and as the rules spell it: counters end in `_total`,
 histograms are read through `_bucket`. `family` is the name its exporter declares:
@@ -72,6 +74,8 @@ SCRAPED: tuple[Scraped, ...] = (
 )
 
 PROMETHEUS_MADE = ("up",)
+# In Kubernetes the kubelet, not the launcher, restarts vLLM: EngineRestarting reads its count.
+CLUSTER_MADE = ("kube_pod_container_status_restarts_total",)
 
 # Gone from vLLM by 0.32 (V0-engine names): KV usage is vllm:kv_cache_usage_perc, the prefix
 # cache hit rate is vllm:prefix_cache_hits / vllm:prefix_cache_queries, TPOT is

@@ -20,6 +20,7 @@ from monitoring.exported import exported_names
 from monitoring.prometheus.series import ENGINE, GATEWAY
 from monitoring.promql import metric_names
 from serving.gateway.settings import ENV_PREFIX, GatewaySettings
+from serving.k8s.engine_patch import PROFILE_ANNOTATION
 from serving.k8s.overlays import OVERLAYS
 from serving.profiles import Profile, load_profile
 from tests.k8s.rendered import (
@@ -409,3 +410,25 @@ def test_monitors_scrape_the_jobs_the_rules_select(renders: Renders, overlay: st
     assert jobs == {ENGINE: "engine", GATEWAY: "gateway"}, (
         f"{overlay}: monitoring/prometheus/rules select job={ENGINE!r} and job={GATEWAY!r}"
     )
+
+
+@pytest.mark.parametrize("overlay", OVERLAY_NAMES)
+def test_engine_series_carry_the_profile_the_pod_runs(renders: Renders, overlay: str) -> None:
+    """No launcher runs in Kubernetes: the per-profile TTFT target joins on the `profile`
+    label the PodMonitor copies from the pod's profile annotation (rules/recording.yml)."""
+    rendered = renders(overlay)
+    if not rendered.of_kind("PodMonitor"):
+        assert profile_of(overlay).device == "cpu", f"{overlay}: GPU overlays ship monitoring"
+        return  # no monitoring component (cpu-demo): nothing scrapes the engine
+    template = rendered.one("Deployment", "engine")["spec"]["template"]
+    annotations = template["metadata"].get("annotations") or {}
+    assert annotations.get(PROFILE_ANNOTATION) == OVERLAYS[overlay], overlay
+    # Prometheus' Kubernetes discovery: each character outside [a-zA-Z0-9_] becomes "_".
+    meta = "__meta_kubernetes_pod_annotation_" + re.sub(r"[^a-zA-Z0-9_]", "_", PROFILE_ANNOTATION)
+    [endpoint] = rendered.one("PodMonitor", "engine")["spec"]["podMetricsEndpoints"]
+    copies = [
+        relabel
+        for relabel in endpoint.get("relabelings") or []
+        if relabel.get("sourceLabels") == [meta] and relabel.get("targetLabel") == "profile"
+    ]
+    assert copies and copies[0].get("action", "replace") == "replace", overlay
