@@ -14,14 +14,15 @@ tests/monitoring/test_kubernetes.py fails while they differ from what this write
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from monitoring.generated_files import generator_main, stale_files, write_files
 from monitoring.grafana.generate import DASHBOARDS_DIR
 from monitoring.prometheus.ruleset import rule_files
 
@@ -107,44 +108,18 @@ def render_all() -> dict[str, str]:
 
 
 def write_all(directory: Path = GENERATED_DIR) -> list[Path]:
-    directory.mkdir(parents=True, exist_ok=True)
-    written = []
-    for name, text in render_all().items():
-        path = directory / name
-        path.write_text(text, encoding="utf-8")
-        written.append(path)
-    return written
+    return write_files(render_all(), directory)
 
 
 def stale(directory: Path = GENERATED_DIR) -> list[str]:
     """Files in `directory` that regenerating would change, add or remove."""
-    expected = render_all()
-    present = {path.name for path in directory.glob("*.yaml")}
-    changed = [
-        name
-        for name, text in expected.items()
-        if name not in present or (directory / name).read_text(encoding="utf-8") != text
-    ]
-    return sorted(changed + sorted(present - expected.keys()))
+    return stale_files(render_all(), directory, "*.yaml")
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m monitoring.kubernetes", description=__doc__)
-    parser.add_argument("--out", type=Path, default=GENERATED_DIR, help="output directory")
-    parser.add_argument(
-        "--check", action="store_true", help="write nothing; exit 1 when --out is not current"
+def main(argv: Sequence[str] | None = None) -> int:
+    return generator_main(
+        "python -m monitoring.kubernetes", __doc__, GENERATED_DIR, render_all, "*.yaml", argv
     )
-    args = parser.parse_args(argv)
-    if args.check:
-        outdated = stale(args.out)
-        for name in outdated:
-            print(
-                f"{args.out / name}: differs from monitoring/; run python -m monitoring.kubernetes"
-            )
-        return 1 if outdated else 0
-    for path in write_all(args.out):
-        print(f"wrote {path}")
-    return 0
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from monitoring.generated_files import stale_files, write_files
 from monitoring.grafana import capacity, engine, gateway
 
 DASHBOARDS_DIR = Path(__file__).parent / "dashboards"
@@ -31,22 +32,9 @@ def render_all() -> dict[str, str]:
 
 
 def write_all(directory: Path) -> list[Path]:
-    directory.mkdir(parents=True, exist_ok=True)
-    written = []
-    for name, text in render_all().items():
-        path = directory / name
-        path.write_text(text, encoding="utf-8")
-        written.append(path)
-    return written
+    return write_files(render_all(), directory)
 
 
 def stale(directory: Path) -> list[str]:
     """Files in `directory` that regenerating would change, add or remove."""
-    expected = render_all()
-    present = {path.name for path in directory.glob("*.json")}
-    changed = [
-        name
-        for name, text in expected.items()
-        if name not in present or (directory / name).read_text(encoding="utf-8") != text
-    ]
-    return sorted(changed + sorted(present - expected.keys()))
+    return stale_files(render_all(), directory, "*.json")
