@@ -19,13 +19,16 @@ venv: $(STAMP)
 
 # Services and tools the tests drive for real: headless Chromium for the report pages,
 # Prometheus (Debian's `prometheus`: `promtool` checks and tests the rules, `prometheus` is
-# `make monitor`). apt-get runs only when one is missing; no recommends (node-exporter).
+# `make monitor`), Redis (Debian's `redis-server`: the gateway's shared quota store, which the
+# tests start on a port of their own). apt-get runs only when one is missing; no recommends
+# (node-exporter).
 SYSTEM_STAMP := $(VENV)/.system-deps
 system-deps: $(SYSTEM_STAMP)
 $(SYSTEM_STAMP): Makefile | $(STAMP)
 	@missing=""; \
 	  command -v chromium >/dev/null || missing="$$missing chromium"; \
 	  command -v promtool >/dev/null || missing="$$missing prometheus"; \
+	  command -v redis-server >/dev/null || missing="$$missing redis-server"; \
 	  test -z "$$missing" || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
 	    apt-get install -y -qq --no-install-recommends $$missing >/dev/null; }
 	@touch $@

@@ -5,8 +5,9 @@
 Routes:
 - ``/healthz``  the process is alive (no auth, no upstream call);
 - ``/readyz``   200 when the health monitor's last check of the upstream's ``/health``
-                passed and the gateway is not draining, else 503 (no auth; it never calls
-                the upstream itself);
+                passed, the shared quota store (Redis, when set) answers or its failure
+                policy is `local`, and the gateway is not draining, else 503 (no auth; it
+                never calls the upstream or Redis itself);
 - ``/metrics``  Prometheus text format (no auth: scraped by Prometheus/Kubernetes; it holds
                 public key ids, never secrets);
 - ``/v1/...``   behind an API key. POST /v1/chat/completions and /v1/completions (with or
@@ -16,9 +17,12 @@ Routes:
 - anything else: 404 in OpenAI error shape.
 
 Everything lives on the app object (no globals): key stores, quota engine, metrics registry.
-The ASGI lifespan opens the upstream session and starts the two background jobs at startup
-(the upstream health check, lease upkeep), and stops them, drains the budget journal and
-closes the stores at shutdown.
+Quota counters live in this process (`InMemoryQuotaStore`, budgets journaled to keys.db) or,
+with `redis_url`, in Redis shared by the replicas (`RedisQuotaStore` behind the
+`redis_failure_policy`). The ASGI lifespan opens the upstream session, checks Redis and
+starts the two background jobs at startup (the upstream health check; lease upkeep, which
+also probes Redis and delivers lease endings that waited for it), and stops them, drains the
+budget journal and closes the stores at shutdown.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from urllib.parse import quote
 
@@ -46,6 +50,7 @@ from serving.gateway.errors import (
     GatewayError,
     RateLimitError,
     RouteNotFoundError,
+    quota_unavailable_error,
     retry_after_headers,
     upstream_error_kind,
 )
@@ -60,9 +65,13 @@ from serving.gateway.quota import (
     Clock,
     InMemoryQuotaStore,
     QuotaEngine,
+    QuotaStore,
+    QuotaStoreUnavailable,
     SqliteBudgetJournal,
     rate_limit_raw_headers,
 )
+from serving.gateway.quota.failure_policy import FailurePolicy, GuardedQuotaStore
+from serving.gateway.quota.redis_store import RedisQuotaStore
 from serving.gateway.responses import send_bytes, send_error, send_json
 from serving.gateway.settings import GatewaySettings
 from serving.gateway.types import RawHeaders, Receive, Scope, Send
@@ -99,25 +108,38 @@ class GatewayApp:
         self.settings = settings
         self.draining = False
         self._closers: list[Callable[[], None]] = []
+        self._async_closers: list[Callable[[], Awaitable[None]]] = []
         self.upstream = UpstreamClient(settings)
         self.authenticator = authenticator or self._build_authenticator()
         journal = None
-        if settings.keys_db:
-            journal = SqliteBudgetJournal(Path(settings.keys_db))
-            self._closers.append(journal.close)
+        self.shared_quota: GuardedQuotaStore | None = None
+        store: QuotaStore
         if settings.redis_url:
-            # Wired by deployments (k8s/) ahead of the shared store; never log the URL itself.
-            logger.warning(
-                "redis_url is set, but this gateway keeps quota state in its own process: "
-                "each replica enforces each key's limits on its own"
+            # Day and month budgets live in Redis too: no journal.
+            shared = RedisQuotaStore.from_url(
+                settings.redis_url, timeout_s=settings.redis_timeout_s, clock=clock
             )
-        store = InMemoryQuotaStore(clock, journal=journal)
+            self._async_closers.append(shared.close)
+            store = self.shared_quota = GuardedQuotaStore(
+                shared,
+                policy=FailurePolicy(settings.redis_failure_policy),
+                replicas=settings.redis_replicas,
+                clock=clock,
+            )
+        else:
+            if settings.keys_db:
+                journal = SqliteBudgetJournal(Path(settings.keys_db))
+                self._closers.append(journal.close)
+            store = InMemoryQuotaStore(clock, journal=journal)
         self.quota = QuotaEngine(
             store, default_max_tokens=settings.default_max_tokens, lease_ttl=settings.lease_ttl_s
         )
+        shared_quota = self.shared_quota
         self.metrics = GatewayMetrics(
             leases=store.active_leases,
             budget_flush_failures=journal.failures if journal is not None else lambda: 0,
+            quota_store_up=(lambda: shared_quota.up) if shared_quota else lambda: True,
+            quota_store_errors=(lambda: shared_quota.errors) if shared_quota else lambda: 0,
         )
         self.catalog = ModelCatalog()
         self.proxy = Proxy(self.upstream, retry_after_s=settings.retry_after_s)
@@ -141,9 +163,11 @@ class GatewayApp:
         self._closers.append(authenticator.close)
         return authenticator
 
-    def _upkeep_leases(self) -> None:
-        self.completions.renew_running()
-        self.quota.reclaim_expired()
+    async def _upkeep_leases(self) -> None:
+        if self.shared_quota is not None:
+            await self.shared_quota.check()
+        await self.completions.renew_running()
+        await self.quota.reclaim_expired()
 
     def begin_drain(self) -> None:
         """Fail readiness from now on (SIGTERM); requests are still served."""
@@ -167,6 +191,8 @@ class GatewayApp:
                 try:
                     await self.upstream.start()
                     await self.health.check()  # model list and health before traffic
+                    if self.shared_quota is not None:
+                        await self.shared_quota.check()  # down is not fatal: the policy holds
                 except Exception as exc:
                     await send({"type": "lifespan.startup.failed", "message": str(exc)})
                     return
@@ -177,6 +203,10 @@ class GatewayApp:
                 await self.health.stop()
                 await self.lease_upkeep.stop()
                 await self.upstream.close()
+                if self.shared_quota is not None:
+                    await self.shared_quota.check()  # last chance for endings that waited
+                for close_async in self._async_closers:
+                    await close_async()
                 for close in self._closers:  # off the loop: draining the journal may wait
                     await asyncio.to_thread(close)
                 await send({"type": "lifespan.shutdown.complete"})
@@ -247,12 +277,16 @@ class GatewayApp:
                 await self.completions.handle(route.kind, caller, request, receive, send, record)
             else:
                 await self._forward(caller, request, receive, send, record)
+        except QuotaStoreUnavailable:  # the policy is to fail closed
+            error = quota_unavailable_error(self.settings.retry_after_s)
+            record.status = error.http_status
+            await send_error(send, error, request_id=rid)
         except GatewayError as error:
             record.status = error.http_status
             headers: RawHeaders = []
             if caller is not None and not isinstance(error, RateLimitError):
                 # refused before admission: the key's current state (a 429 carries its own)
-                headers = rate_limit_raw_headers(self.quota.status(caller, ""))
+                headers = rate_limit_raw_headers(await self.quota.status(caller, ""))
             await send_error(send, error, request_id=rid, headers=headers)
         except ClientDisconnected:  # or was cut off by the body deadline (a 408)
             logger.info("request %s: client disconnected while sending its body", rid.decode())
@@ -272,16 +306,22 @@ class GatewayApp:
                     "This API key may only use /v1/chat/completions, /v1/completions and "
                     "/v1/models."
                 )
-            headers = rate_limit_raw_headers(self.quota.status(caller, ""))
+            headers = rate_limit_raw_headers(await self.quota.status(caller, ""))
             request = dataclasses.replace(request, response_headers=headers)
         outcome = await self.proxy.forward(request, receive, send)
         record.note_exchange(outcome)
         record.upstream_error = upstream_error_kind(outcome.error, outcome.upstream_status, None)
 
     async def _readyz(self, send: Send, rid: bytes) -> None:
+        shared = self.shared_quota
         reason = "draining" if self.draining else self.health.unready_reason
+        if reason is None and shared is not None:
+            reason = shared.unready_reason
         if reason is None:
-            await send_json(send, 200, {"status": "ready"}, request_id=rid)
+            body: dict[str, str] = {"status": "ready"}
+            if shared is not None and shared.degraded:
+                body["quota_store"] = "unavailable: local limits apply"
+            await send_json(send, 200, body, request_id=rid)
             return
         await send_json(
             send,

@@ -79,7 +79,7 @@ class Completions:
 
         # admit: n choices (or a batch of prompts) each generate up to max_tokens
         reserved_prompt = parsed.prompt_estimate + (parsed.choices - 1) * max_tokens
-        decision = self._engine.reserve(scopes, reserved_prompt, max_tokens)
+        decision = await self._engine.reserve(scopes, reserved_prompt, max_tokens)
         if isinstance(decision, Refusal):
             record.refusal = decision.reason.value
             raise refusal_error(decision)
@@ -103,17 +103,18 @@ class Completions:
         finally:
             self._running.discard(lease)
             # settle
-            self._settle(lease, decision, parsed, meter, outcome)
+            await self._settle(lease, decision, parsed, meter, outcome)
             _record_outcome(record, lease, meter, outcome)
         if outcome is not None and 200 <= (outcome.upstream_status or 0) < 300:
             self._catalog.learn(parsed.model)
 
-    def renew_running(self) -> None:
+    async def renew_running(self) -> None:
         """Renew the leases of the requests running now."""
         for lease in list(self._running):
-            self._engine.renew(lease)
+            if lease in self._running:  # it may have ended while an earlier renewal waited
+                await self._engine.renew(lease)
 
-    def _settle(
+    async def _settle(
         self,
         lease: Lease,
         admission: Admission,
@@ -127,17 +128,17 @@ class Completions:
             seen = min(meter.events, admission.max_tokens * parsed.choices)
         usage = meter.usage
         if outcome is None:  # cancelled (shutdown) or a bug: nothing is known
-            engine.abort(lease, None, seen)
+            await engine.abort(lease, None, seen)
         elif usage is not None:
-            engine.settle(lease, usage.prompt_tokens, usage.completion_tokens)
+            await engine.settle(lease, usage.prompt_tokens, usage.completion_tokens)
         elif outcome.client_disconnected:
-            engine.abort(lease, None, seen)
+            await engine.abort(lease, None, seen)
         elif outcome.upstream_status is None or outcome.upstream_status >= 400:
-            engine.fail(lease)
+            await engine.fail(lease)
         elif outcome.error is not None or meter.inband_error:
-            engine.abort(lease, None, seen)
+            await engine.abort(lease, None, seen)
         else:
-            engine.settle(lease, None, None)
+            await engine.settle(lease, None, None)
 
 
 def _record_outcome(

@@ -12,6 +12,8 @@ Every failure the gateway reports is one of these (DESIGN.md section 5):
     ├── BodyTooLargeError             413 invalid_request_error / request_too_large
     ├── RateLimitError                429 requests|tokens / rate_limit_exceeded, or
     │                                     insufficient_quota / insufficient_quota; Retry-After
+    ├── QuotaUnavailableError         503 server_error / quota_store_unavailable + Retry-After
+    │                                     (the shared quota store cannot answer; policy closed)
     ├── UpstreamRejectedError         the upstream's 4xx, re-shaped (invalid_request_error)
     └── UpstreamError                 502 server_error / upstream_error (error or reset)
         ├── UpstreamUnavailableError  503 server_error / upstream_unavailable + Retry-After
@@ -20,7 +22,8 @@ Every failure the gateway reports is one of these (DESIGN.md section 5):
 Every mapping into this tree lives here: failures of the hop client (`hop_connection`'s
 `HopError`s; aiohttp's for the health and model-list calls; sockets, timeouts) in
 `map_upstream_exception`; upstream error responses in `openai_error_body`
-(passed through) and `wrap_upstream_status` (re-shaped); quota refusals in `refusal_error`;
+(passed through) and `wrap_upstream_status` (re-shaped); quota refusals in `refusal_error`,
+an unanswering quota store in `quota_unavailable_error`;
 and the `kind` label an upstream failure is counted under in `upstream_error_kind`.
 `Retry-After` is built by `retry_after_headers` alone. Messages never contain a key or an
 internal address: they are shown to API clients.
@@ -182,6 +185,12 @@ class RateLimitError(GatewayError):
         return [*super().headers(), *self.rate_limit_headers]
 
 
+class QuotaUnavailableError(GatewayError):
+    status = 503
+    type = "server_error"
+    code = "quota_store_unavailable"
+
+
 class UpstreamRejectedError(GatewayError):
     """An upstream 4xx whose body was not OpenAI-shaped; keeps the upstream's status."""
 
@@ -292,6 +301,14 @@ def refusal_error(refusal: Refusal) -> RateLimitError:
         code=refusal.code,
         retry_after_s=wait,
         rate_limit_headers=rate_limit_raw_headers(refusal.rate_limit),
+    )
+
+
+def quota_unavailable_error(retry_after_s: float) -> QuotaUnavailableError:
+    """The 503 for a request whose limits could not be checked (the shared store did not
+    answer in time and the failure policy is `closed`): nothing was forwarded."""
+    return QuotaUnavailableError(
+        "Rate limits cannot be checked right now; retry later.", retry_after_s=retry_after_s
     )
 
 

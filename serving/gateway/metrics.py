@@ -21,6 +21,11 @@ Series (labels use the key's public id and the model, never a secret):
     gateway_quota_leases                           quota leases held (0 when idle)
     gateway_budget_flush_failures_total            failed writes of day/month budgets to
                                                    keys.db (each is rolled back and retried)
+    gateway_quota_store_up                         1 when the shared quota store (Redis)
+                                                   answered the last call; 1 without one
+    gateway_quota_store_errors_total               calls to the shared quota store that failed
+                                                   or ran out of time (its failure policy
+                                                   answered them)
 
 Values are plain Python numbers updated on the event loop (where scrapes are answered too),
 turned into Prometheus families only when scraped: a request costs a few dict updates, not
@@ -114,6 +119,8 @@ class GatewayMetrics:
         *,
         leases: Callable[[], int] = lambda: 0,
         budget_flush_failures: Callable[[], int] = lambda: 0,
+        quota_store_up: Callable[[], bool] = lambda: True,
+        quota_store_errors: Callable[[], int] = lambda: 0,
     ) -> None:
         self.requests: dict[tuple[str, str, str], int] = {}
         self.tokens: dict[tuple[str, str, str], int] = {}
@@ -126,6 +133,8 @@ class GatewayMetrics:
         self.upstream_healthy = 0.0
         self._leases = leases
         self._budget_flush_failures = budget_flush_failures
+        self._quota_store_up = quota_store_up
+        self._quota_store_errors = quota_store_errors
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
 
@@ -212,6 +221,16 @@ class GatewayMetrics:
             "gateway_budget_flush_failures",
             "Failed transactions writing day/month budgets (each is rolled back and retried).",
             value=self._budget_flush_failures(),
+        )
+        yield GaugeMetricFamily(
+            "gateway_quota_store_up",
+            "1 when the shared quota store answered the last call (1 without one).",
+            value=1.0 if self._quota_store_up() else 0.0,
+        )
+        yield CounterMetricFamily(
+            "gateway_quota_store_errors",
+            "Calls to the shared quota store that failed or ran out of time.",
+            value=self._quota_store_errors(),
         )
 
 

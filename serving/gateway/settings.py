@@ -28,7 +28,7 @@ import argparse
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import (
@@ -130,7 +130,9 @@ class GatewaySettings(BaseSettings):
     """max_tokens sent upstream when neither the client nor the key sets one (also limited
     by the model's context window when the upstream reports it)."""
     lease_ttl_s: Seconds = 600.0
-    """A quota lease not renewed for this long is reclaimed; running requests renew theirs."""
+    """A quota lease not renewed for this long is reclaimed (with its whole reservation
+    charged); running requests renew theirs. With Redis, also how long the requests of a
+    replica that died hold their slots."""
     health_interval_s: Seconds = 5.0
     """How often the upstream's health and model list are checked in the background."""
     drain_delay_s: Annotated[float, FlagAlias("--drain-delay")] = Field(
@@ -141,9 +143,19 @@ class GatewaySettings(BaseSettings):
     graceful_shutdown_s: Annotated[int, FlagAlias("--graceful-timeout")] = Field(default=30, ge=0)
     """After the drain delay, how long in-flight requests may finish before they are cut."""
     redis_url: NonEmpty | None = Field(default=None, repr=False)
-    """Redis for quota state shared by gateway replicas (redis://, rediss:// or unix://; may
-    carry a password, so it is never shown). Accepted and checked now so that deployments can
-    wire it (k8s/); this version still keeps quotas in each process and warns at start."""
+    """Redis holding the quota counters that gateway replicas share, so each key's limits hold
+    across all of them (redis://, rediss:// or unix://; may carry a password, so it is never
+    shown). Unset: each gateway counts in its own process (day/month budgets in keys.db)."""
+    redis_timeout_s: Seconds = 0.25
+    """Longest a quota call waits for Redis; past it (or at once if Redis is unreachable),
+    --redis-failure-policy answers instead."""
+    redis_failure_policy: Literal["closed", "local"] = "closed"
+    """What a request gets while Redis cannot answer: `closed`, a 503 with Retry-After (and
+    /readyz fails until Redis answers again); `local`, admission against counters in this
+    process with each limit divided by --redis-replicas (rounded down)."""
+    redis_replicas: int = Field(default=1, ge=1)
+    """How many gateway replicas share Redis: the `local` failure policy grants each one
+    this share of every limit, so together they stay within it."""
 
     @field_validator("upstream")
     @classmethod

@@ -43,5 +43,5 @@ def settled(gateway: GatewayServer) -> bool:
 
 def key_usage(gateway: GatewayServer, key_id: str) -> tuple[int, int, int, int]:
     """(in flight, requests in window, tokens in window, tokens today) of a key."""
-    usage = gateway.in_loop(lambda: gateway.app.quota.store.usage(Scope(key_id)))
+    usage = gateway.await_in_loop(lambda: gateway.app.quota.store.usage(Scope(key_id)))
     return usage.in_flight, usage.requests_in_window, usage.tokens_in_window, usage.tokens_today

@@ -7,8 +7,8 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Callable
-from typing import TypeVar
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
 
 import httpx
 import uvicorn
@@ -84,6 +84,11 @@ class GatewayServer:
             return function()
 
         return asyncio.run_coroutine_threadsafe(call(), self.loop).result(5)
+
+    def await_in_loop(self, coroutine: Callable[[], Coroutine[Any, Any, T]]) -> T:
+        """`await coroutine()` on the server's event loop (the quota store's calls)."""
+        assert self.loop is not None
+        return asyncio.run_coroutine_threadsafe(coroutine(), self.loop).result(5)
 
     @property
     def url(self) -> str:

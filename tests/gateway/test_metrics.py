@@ -24,6 +24,8 @@ SERIES = (
     "gateway_upstream_healthy",
     "gateway_added_latency_seconds_bucket",
     "gateway_quota_leases",
+    "gateway_quota_store_up",
+    "gateway_quota_store_errors_total",
 )
 
 

@@ -47,6 +47,9 @@ GOOD: dict[str, tuple[str, object]] = {
     "drain_delay_s": ("0", 0.0),
     "graceful_shutdown_s": ("7", 7),
     "redis_url": ("redis://:pw@redis:6379/0", "redis://:pw@redis:6379/0"),
+    "redis_timeout_s": ("0.5", 0.5),
+    "redis_failure_policy": ("local", "local"),
+    "redis_replicas": ("3", 3),
 }
 # Settings whose values may carry a secret: errors and reprs never show them.
 SECRET_FIELDS = {"redis_url"}
@@ -73,6 +76,9 @@ BAD: dict[str, str] = {
     "drain_delay_s": "-1",
     "graceful_shutdown_s": "2.5",
     "redis_url": "http://redis:6379",
+    "redis_timeout_s": "0",
+    "redis_failure_policy": "open",
+    "redis_replicas": "0",
 }
 # Set as digests only, from --api-key or SERVING_API_KEY (tested below).
 SETTINGS = [name for name in GatewaySettings.model_fields if name != "api_key_digests"]

@@ -4,9 +4,12 @@ There is no Kubernetes API server here, so the rendered cpu-demo overlay is read
 kubelet reads it and its containers' commands run locally against the shared real engine:
 
 - the gateway container exactly as rendered (command, ConfigMap settings, env, Secret mounts),
-  with a key file written by `serving keys create --emit-yaml` where the Secret is mounted and
-  the engine Service's name resolved to the shared engine: its probes answer, the official
-  client is served with that key's limits, and SIGTERM drains within the grace period;
+  with a key file written by `serving keys create --emit-yaml` where the Secret is mounted,
+  the engine Service's name resolved to the shared engine and the Redis Service's to the
+  Redis pod's container as rendered (its args, its password from the stand-in Secret, its
+  readiness probe passing): the gateway's probes answer,
+  the official client is served with that key's limits (counted in Redis), and SIGTERM
+  drains within the grace period;
 - the engine's preStop hook: it waits while vLLM still has a stream running and returns once
   the stream is done (and at once when vLLM is idle);
 - every vLLM metric the manifests query (KEDA triggers, the preStop hook) exists on the real
@@ -19,6 +22,7 @@ speaks for the manifest and not for a copy of it.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import signal
@@ -26,6 +30,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -92,8 +97,63 @@ def create_key(rpm: int) -> tuple[str, str]:
     return done.stdout, match.group(1)
 
 
+@pytest.fixture
+def redis_service(demo: Rendered, tmp_path: Path) -> Iterator[str]:
+    """The Redis pod as rendered, behind the URL the gateway's Secret names: its container's
+    command and args (`$(VAR)` expanded from its env, the Secret's password a stand-in, the
+    data volume a temporary directory) on a port of the test's own, ready by its own
+    readiness probe. Yields the URL resolved to it (the quota store fails closed: no Redis,
+    no readiness)."""
+    url = urlsplit(gateway_env(demo)["SERVING_GATEWAY_REDIS_URL"])
+    assert url.hostname == "redis" and url.port == service_port(demo, "redis")
+    assert url.password, "the stand-in Secret URL carries the password"
+    container = demo.container("StatefulSet", "redis", "redis")
+    assert int(container["ports"][0]["containerPort"]) == url.port
+    env: dict[str, str] = {}
+    for item in container.get("env") or []:
+        ref = item["valueFrom"]["secretKeyRef"]
+        assert (ref["name"], ref["key"]) == ("redis", "password"), item
+        env[item["name"]] = url.password
+    [data] = [m["mountPath"] for m in container["volumeMounts"] if m["name"] == "data"]
+    directory = tmp_path / "redis-data"
+    directory.mkdir()
+    args = [re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], arg) for arg in container["args"]]
+    assert data in args, "the data volume is redis-server's --dir"
+    args = [str(directory) if arg == data else arg for arg in args]
+    program = shutil.which(container["command"][0])
+    assert program, f"{container['command'][0]} is not installed (make system-deps)"
+    port = free_port()
+    # Later options win in redis-server: the pod's port 6379 becomes a free one here.
+    command = [
+        program,
+        *container["command"][1:],
+        *args,
+        "--port",
+        str(port),
+        "--bind",
+        "127.0.0.1",
+    ]
+    probe = list(container["readinessProbe"]["exec"]["command"])
+    assert probe[-1].count("redis-cli ") == 1, probe
+    probe[-1] = probe[-1].replace("redis-cli ", f"redis-cli -p {port} ")
+    log = tmp_path / "redis.log"
+    with log.open("w") as sink:
+        process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT)
+    try:
+
+        def ready() -> bool:
+            assert process.poll() is None, log.read_text()
+            return subprocess.run(probe, env={**os.environ, **env}, timeout=30).returncode == 0
+
+        eventually(ready, budget_s=30)
+        yield f"redis://:{url.password}@127.0.0.1:{port}/0"
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
 def test_the_gateway_pod_as_rendered_serves_with_its_secret_and_drains(
-    demo: Rendered, stack: Stack, tmp_path: Path
+    demo: Rendered, stack: Stack, redis_service: str, tmp_path: Path
 ) -> None:
     container = demo.container("Deployment", "gateway", "gateway")
     env = gateway_env(demo)
@@ -101,6 +161,8 @@ def test_the_gateway_pod_as_rendered_serves_with_its_secret_and_drains(
     upstream = urlsplit(env["SERVING_GATEWAY_UPSTREAM"])
     assert upstream.hostname == "engine" and upstream.port == service_port(demo, "engine")
     env["SERVING_GATEWAY_UPSTREAM"] = stack.engine_url
+    # The Redis Service, resolved to a redis-server of the test's own (`redis_service`).
+    env["SERVING_GATEWAY_REDIS_URL"] = redis_service
     # Listen where the container port says, on loopback here (0.0.0.0 in the pod).
     [port_spec] = container["ports"]
     assert int(env["SERVING_GATEWAY_PORT"]) == port_spec["containerPort"]

@@ -1,30 +1,45 @@
-"""What admission decides: a `Lease` to proceed with, or a `Refusal` (a 429), and the
-rate-limit state either way.
+"""What admission decides, as one pure function: `decide` (limits + what each scope holds +
+the need + now -> admit, or the `Refusal` with the longest wait), and the rate-limit state
+either way (`rate_limit_status`).
 
-A lease is one admitted request's hold on a concurrency slot and its token reservation. It
-ends exactly once: settled (response done), aborted (client went away), failed (upstream
-produced nothing) or expired (nobody ended it within its time to live, e.g. a bug or a
-crashed replica). Ending an ended lease is a no-op, so cleanup paths may overlap.
+Every store decides with these: `InMemoryQuotaStore` calls them on its own counters; the
+Redis store's reserve script applies the same admit condition to Redis's counters inside
+one atomic step and hands back what it read, from which `decide` names the refusal. So the
+two cannot disagree on what is refused or for how long.
+
+A lease is one admitted request's hold on a concurrency slot and its token reservation,
+known by its id (a string unique across stores and replicas, never by object identity) and
+held until its expiry unless renewed. It ends exactly once: settled (response done),
+aborted (client went away), failed (upstream produced nothing) or expired (nobody ended it
+within its time to live, e.g. a bug or a crashed replica). Ending an ended lease is a no-op
+that says so (False), so cleanup paths and retried settles may overlap.
 
 A refusal maps to OpenAI's error shape (DESIGN.md section 5): minute limits and concurrency
 are `requests`/`tokens` + `rate_limit_exceeded`; spent day/month budgets are
 `insufficient_quota`. Every refusal has a finite `Retry-After`.
 
-The rate-limit state is what OpenAI reports in the `x-ratelimit-*` response headers: the
-key's (or key+model's) minute windows after this request's reservation; where a key and its
-per-model override both limit a dimension, the one with less left is shown. A dimension
-without a limit gets no headers (there is nothing true to say).
+The rate-limit state is what OpenAI reports in the `x-ratelimit-*` response headers
+(`headers`): the key's (or key+model's) minute windows after this request's reservation;
+where a key and its per-model override both limit a dimension, the one with less left is
+shown.
 """
 
 from __future__ import annotations
 
 import enum
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar, NamedTuple
 
-from serving.gateway.quota.limits import Scope
-from serving.gateway.quota.windows import WINDOW_SECONDS
+from serving.gateway.quota.limits import Limits, Scope, ScopedLimits
+from serving.gateway.quota.windows import (
+    WINDOW_SECONDS,
+    seconds_to_next_day,
+    seconds_to_next_month,
+    window_reset,
+    window_wait,
+)
 
 
 class LeaseState(enum.Enum):
@@ -37,9 +52,11 @@ class LeaseState(enum.Enum):
 
 @dataclass(slots=True, eq=False)
 class Lease:
-    """Owned by the store that issued it; the proxy only passes it back to end it."""
+    """Issued by a store; the proxy only passes it back to end it. The store recognises it
+    by `lease_id` and records here how it ended (`state`, `charged_tokens`) as far as this
+    process knows."""
 
-    lease_id: int
+    lease_id: str
     scopes: tuple[Scope, ...]
     prompt_estimate: int
     max_tokens: int
@@ -47,7 +64,7 @@ class Lease:
     bucket: int
     day: str
     month: str
-    expires_at: float
+    expires_at: float  # on the issuing store's clock
     state: LeaseState = LeaseState.ACTIVE
     charged_tokens: int | None = None
 
@@ -74,75 +91,6 @@ class WindowStatus(NamedTuple):
 class RateLimitStatus:
     requests: WindowStatus | None = None
     tokens: WindowStatus | None = None
-
-
-def format_reset(seconds: float) -> str:
-    """OpenAI's (Go's) duration format: `20ms`, `1s`, `1.5s`, `6m0s`, `1h0m0s`.
-
-    Rounded up to the millisecond: a client that waits exactly this long finds room again.
-    """
-    if seconds <= 0:
-        return "0s"
-    # Less a nanosecond first, so float noise (0.1 * 1000 = 100.00000000000001) does not add
-    # 1 ms.
-    millis = math.ceil(seconds * 1000 - 1e-6)
-    if millis < 1000:
-        return f"{millis}ms"
-    hours, millis = divmod(millis, 3_600_000)
-    minutes, millis = divmod(millis, 60_000)
-    whole, fraction = divmod(millis, 1000)
-    secs = f"{whole}.{fraction:03d}".rstrip("0") if fraction else str(whole)
-    if hours:
-        return f"{hours}h{minutes}m{secs}s"
-    if minutes:
-        return f"{minutes}m{secs}s"
-    return f"{secs}s"
-
-
-# `format_reset` as header bytes, by whole milliseconds: a minute window's resets are at most
-# 61,000 distinct values, and formatting one costs more than the rest of the headers.
-_RESET_CACHE_SIZE = 65_536
-_reset_values: dict[int, bytes] = {}
-
-
-def _reset_value(seconds: float) -> bytes:
-    millis = math.ceil(seconds * 1000 - 1e-6) if seconds > 0 else 0
-    value = _reset_values.get(millis)
-    if value is None:
-        value = format_reset(millis / 1000).encode() if millis else b"0s"
-        if len(_reset_values) >= _RESET_CACHE_SIZE:
-            _reset_values.clear()
-        _reset_values[millis] = value
-    return value
-
-
-def rate_limit_headers(status: RateLimitStatus) -> dict[str, str]:
-    headers: dict[str, str] = {}
-    for name, window in (("requests", status.requests), ("tokens", status.tokens)):
-        if window is None:
-            continue
-        headers[f"x-ratelimit-limit-{name}"] = str(window.limit)
-        headers[f"x-ratelimit-remaining-{name}"] = str(window.remaining)
-        headers[f"x-ratelimit-reset-{name}"] = format_reset(window.reset_after)
-    return headers
-
-
-_RAW_NAMES = {
-    kind: tuple(f"x-ratelimit-{part}-{kind}".encode() for part in ("limit", "remaining", "reset"))
-    for kind in ("requests", "tokens")
-}
-
-
-def rate_limit_raw_headers(status: RateLimitStatus) -> list[tuple[bytes, bytes]]:
-    """`rate_limit_headers` as ASGI header pairs, built directly (once per request)."""
-    headers: list[tuple[bytes, bytes]] = []
-    for kind, window in (("requests", status.requests), ("tokens", status.tokens)):
-        if window is not None:
-            limit, remaining, reset = _RAW_NAMES[kind]
-            headers.append((limit, b"%d" % window.limit))
-            headers.append((remaining, b"%d" % window.remaining))
-            headers.append((reset, _reset_value(window.reset_after)))
-    return headers
 
 
 class RefusalReason(enum.StrEnum):
@@ -257,3 +205,101 @@ class Admission:
     lease: Lease
     max_tokens: int
     rate_limit: RateLimitStatus
+
+
+class MinuteUsage(NamedTuple):
+    """A minute window as seen from the current bucket: what it holds, and per bucket (oldest
+    first, only those still in the span) where that is, which says when room comes back."""
+
+    used: int
+    buckets: Mapping[int, int]
+
+
+class ScopeState(NamedTuple):
+    """What one scope holds now, reservations of running requests included; day and month
+    are the current UTC period's."""
+
+    in_flight: int
+    requests: MinuteUsage
+    tokens: MinuteUsage
+    tokens_today: int
+    tokens_this_month: int
+
+
+# A concurrency slot frees whenever any request of the key ends; there is no better bound.
+CONCURRENCY_RETRY_SECONDS = 1.0
+
+
+def decide(
+    scopes: Sequence[ScopedLimits],
+    states: Sequence[ScopeState],
+    tokens: int,
+    now: float,
+    wall: float,
+) -> Refusal | None:
+    """None when every limit of every scope admits one more request holding `tokens` and a
+    slot; otherwise the refusal with the longest wait (on a tie, the more lasting reason,
+    then the first found). `now` is the window clock (buckets are its whole seconds),
+    `wall` Unix time (it names the day and month)."""
+    refusal: Refusal | None = None
+    for (scope, limits), state in zip(scopes, states, strict=True):
+        for candidate in _refusals(scope, limits, state, tokens, now, wall):
+            if refusal is None or candidate.sort_key > refusal.sort_key:
+                refusal = candidate
+    return refusal
+
+
+def _refusals(
+    scope: Scope, limits: Limits, state: ScopeState, tokens: int, now: float, wall: float
+) -> list[Refusal]:
+    """Each limit of `scope` that does not admit the request, in a fixed order."""
+    refusals: list[Refusal] = []
+    limit = limits.max_concurrency
+    if limit is not None and state.in_flight + 1 > limit:
+        wait = CONCURRENCY_RETRY_SECONDS if limit > 0 else math.inf
+        refusals.append(Refusal(RefusalReason.CONCURRENCY, scope, limit, state.in_flight, 1, wait))
+    limit = limits.rpm
+    if limit is not None and state.requests.used + 1 > limit:
+        used, buckets = state.requests
+        wait = window_wait(buckets, used, 1, limit, now)
+        refusals.append(Refusal(RefusalReason.RPM, scope, limit, used, 1, wait))
+    limit = limits.tpm
+    if limit is not None and state.tokens.used + tokens > limit:
+        used, buckets = state.tokens
+        wait = window_wait(buckets, used, tokens, limit, now)
+        refusals.append(Refusal(RefusalReason.TPM, scope, limit, used, tokens, wait))
+    limit = limits.tokens_per_day
+    if limit is not None and state.tokens_today + tokens > limit:
+        wait = seconds_to_next_day(wall) if tokens <= limit else math.inf
+        spent = state.tokens_today
+        refusals.append(Refusal(RefusalReason.DAILY, scope, limit, spent, tokens, wait))
+    limit = limits.tokens_per_month
+    if limit is not None and state.tokens_this_month + tokens > limit:
+        wait = seconds_to_next_month(wall) if tokens <= limit else math.inf
+        spent = state.tokens_this_month
+        refusals.append(Refusal(RefusalReason.MONTHLY, scope, limit, spent, tokens, wait))
+    return refusals
+
+
+def rate_limit_status(
+    scopes: Sequence[ScopedLimits], states: Sequence[ScopeState], now: float
+) -> RateLimitStatus:
+    """The minute windows of `scopes`: per dimension, the scope with the least left."""
+    requests: WindowStatus | None = None
+    tokens: WindowStatus | None = None
+    for (_, limits), state in zip(scopes, states, strict=True):
+        if limits.rpm is not None:
+            requests = _tighter(requests, _window_status(state.requests, limits.rpm, now))
+        if limits.tpm is not None:
+            tokens = _tighter(tokens, _window_status(state.tokens, limits.tpm, now))
+    return RateLimitStatus(requests=requests, tokens=tokens)
+
+
+def _window_status(window: MinuteUsage, limit: int, now: float) -> WindowStatus:
+    return WindowStatus(limit, max(0, limit - window.used), window_reset(window.buckets, now))
+
+
+def _tighter(current: WindowStatus | None, candidate: WindowStatus) -> WindowStatus:
+    if current is None or candidate.remaining < current.remaining:
+        return candidate
+    return current

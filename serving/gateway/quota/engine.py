@@ -1,11 +1,11 @@
 """Reserve, then settle (DESIGN.md section 4), on top of any `QuotaStore`.
 
-    admission = engine.admit(key, model, prompt_estimate, requested_max_tokens)
+    admission = await engine.admit(key, model, prompt_estimate, requested_max_tokens)
     if isinstance(admission, Refusal): answer 429
     send upstream with max_tokens=admission.max_tokens, then exactly one of:
-        engine.settle(lease, usage...)   response complete
-        engine.abort(lease, seen...)     client went away mid-way
-        engine.fail(lease)               upstream failed before producing anything
+        await engine.settle(lease, usage...)   response complete
+        await engine.abort(lease, seen...)     client went away mid-way
+        await engine.fail(lease)               upstream failed before producing anything
 
 The reservation is `prompt_estimate + max_tokens`. "Never over a limit" holds when that is
 an upper bound of what is then charged: vLLM never exceeds `max_tokens`, and the caller must
@@ -48,7 +48,7 @@ class QuotaEngine:
         self._default_max_tokens = default_max_tokens
         self._lease_ttl = lease_ttl
 
-    def admit(
+    async def admit(
         self,
         key: QuotaSubject,
         model: str,
@@ -68,16 +68,16 @@ class QuotaEngine:
         max_tokens = self.allowed_max_tokens(
             scopes, requested_max_tokens, prompt_tokens_estimate, context_window
         )
-        return self.reserve(scopes, prompt_tokens_estimate, max_tokens)
+        return await self.reserve(scopes, prompt_tokens_estimate, max_tokens)
 
-    def reserve(
+    async def reserve(
         self, scopes: tuple[ScopedLimits, ...], prompt_tokens_estimate: int, max_tokens: int
     ) -> Admission | Refusal:
         """Reserve `prompt_tokens_estimate + max_tokens` (max_tokens already allowed) in every
         scope, or refuse without consuming anything."""
         if prompt_tokens_estimate < 0:
             raise ValueError(f"prompt_tokens_estimate must be >= 0, got {prompt_tokens_estimate}")
-        outcome, status = self.store.try_reserve(
+        outcome, status = await self.store.try_reserve(
             scopes, prompt_tokens_estimate, max_tokens, self._lease_ttl
         )
         if isinstance(outcome, Refusal):
@@ -111,35 +111,37 @@ class QuotaEngine:
             implied = min(implied, max(1, min(rooms) - prompt_tokens_estimate))
         return implied
 
-    def settle(
+    async def settle(
         self, lease: Lease, prompt_tokens: int | None, completion_tokens: int | None
     ) -> bool:
         """The response ended normally; charge vLLM's usage. A count that is unknown (None,
         e.g. the usage chunk never came) is charged at its reserved amount."""
-        return self.store.finish(
+        return await self.store.finish(
             lease, LeaseState.SETTLED, _charge(lease, prompt_tokens, completion_tokens)
         )
 
-    def abort(self, lease: Lease, prompt_tokens: int | None, completion_tokens: int | None) -> bool:
+    async def abort(
+        self, lease: Lease, prompt_tokens: int | None, completion_tokens: int | None
+    ) -> bool:
         """The client disconnected; charge what was generated so far (unknown: reserved)."""
-        return self.store.finish(
+        return await self.store.finish(
             lease, LeaseState.ABORTED, _charge(lease, prompt_tokens, completion_tokens)
         )
 
-    def fail(self, lease: Lease) -> bool:
+    async def fail(self, lease: Lease) -> bool:
         """The upstream produced nothing (error, reset, timeout before the first byte)."""
-        return self.store.finish(lease, LeaseState.FAILED, 0)
+        return await self.store.finish(lease, LeaseState.FAILED, 0)
 
-    def renew(self, lease: Lease) -> bool:
+    async def renew(self, lease: Lease) -> bool:
         """Keep a long stream's lease from expiring; False if it has already ended."""
-        return self.store.renew(lease, self._lease_ttl)
+        return await self.store.renew(lease, self._lease_ttl)
 
-    def reclaim_expired(self) -> int:
-        return self.store.reclaim_expired()
+    async def reclaim_expired(self) -> int:
+        return await self.store.reclaim_expired()
 
-    def status(self, key: QuotaSubject, model: str) -> RateLimitStatus:
+    async def status(self, key: QuotaSubject, model: str) -> RateLimitStatus:
         """Header values for a response that did not go through `admit`."""
-        return self.store.status(scoped_limits(key, model))
+        return await self.store.status(scoped_limits(key, model))
 
 
 def _charge(lease: Lease, prompt_tokens: int | None, completion_tokens: int | None) -> int:

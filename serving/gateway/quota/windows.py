@@ -22,6 +22,7 @@ from __future__ import annotations
 import calendar
 import math
 import time
+from collections.abc import Mapping
 from typing import Protocol
 
 SECONDS_PER_DAY = 86_400
@@ -110,6 +111,37 @@ def bucket_of(monotonic: float) -> int:
     return math.floor(monotonic)
 
 
+def window_wait(buckets: Mapping[int, int], used: int, need: int, limit: int, now: float) -> float:
+    """Seconds until `need` more fits under `limit` in a window holding `used` in `buckets`
+    (bucket -> amount, oldest first, those in the span only): 0 if it fits now, inf if never.
+
+    The first buckets to leave are the oldest, so the wait is until enough of them have."""
+    if need > limit:
+        return math.inf
+    excess = used + need - limit
+    if excess <= 0:
+        return 0.0
+    for bucket, amount in buckets.items():
+        excess -= amount
+        if excess <= 0:
+            return leaves_at(bucket) - now
+    return math.inf  # unreachable while amounts are non-negative
+
+
+def window_reset(buckets: Mapping[int, int], now: float) -> float:
+    """Seconds until the window holds nothing again (OpenAI's `x-ratelimit-reset-*`): when
+    its newest bucket with something in it leaves."""
+    for bucket in reversed(buckets):
+        if buckets[bucket] > 0:
+            return max(0.0, leaves_at(bucket) - now)
+    return 0.0
+
+
+def leaves_at(bucket: int) -> float:
+    """When a bucket stops counting: it is in the span of the 60 buckets after it too."""
+    return float(bucket + SPAN_BUCKETS)
+
+
 class SlidingWindow:
     """Amounts per 1 s bucket over the last `SPAN_BUCKETS` buckets, with a running total."""
 
@@ -125,6 +157,12 @@ class SlidingWindow:
         self._expire(bucket)
         return self._total
 
+    def view(self, bucket: int) -> tuple[int, Mapping[int, int]]:
+        """`(used, buckets)` as seen from `bucket`, for `window_wait` and `window_reset`; the
+        mapping is the window's own (read it before the window changes again)."""
+        self._expire(bucket)
+        return self._total, self._buckets
+
     def add(self, bucket: int, amount: int) -> None:
         """Book `amount` (negative to refund) in `bucket`; a bucket already gone is ignored."""
         held = self._buckets.get(bucket)
@@ -139,29 +177,12 @@ class SlidingWindow:
     def retry_after(self, bucket: int, now: float, need: int, limit: int) -> float:
         """Seconds until `need` more fits under `limit` (0 if it fits now, inf if never)."""
         self._expire(bucket)
-        if need > limit:
-            return math.inf
-        excess = self._total + need - limit
-        if excess <= 0:
-            return 0.0
-        for old_bucket, amount in self._buckets.items():
-            excess -= amount
-            if excess <= 0:
-                return self._leaves_at(old_bucket) - now
-        return math.inf  # unreachable while amounts are non-negative
+        return window_wait(self._buckets, self._total, need, limit, now)
 
     def reset_after(self, bucket: int, now: float) -> float:
         """Seconds until the window holds nothing again (OpenAI's `x-ratelimit-reset-*`)."""
-        return self.snapshot(bucket, now)[1]
-
-    def snapshot(self, bucket: int, now: float) -> tuple[int, float]:
-        """`(used(bucket), reset_after(bucket, now))` in one pass (the rate-limit headers)."""
         self._expire(bucket)
-        buckets = self._buckets
-        for old_bucket in reversed(buckets):
-            if buckets[old_bucket] > 0:
-                return self._total, max(0.0, self._leaves_at(old_bucket) - now)
-        return self._total, 0.0
+        return window_reset(self._buckets, now)
 
     def _expire(self, bucket: int) -> None:
         oldest_kept = bucket - WINDOW_SECONDS
@@ -170,10 +191,6 @@ class SlidingWindow:
             if first >= oldest_kept:
                 break
             self._total -= self._buckets.pop(first)
-
-    @staticmethod
-    def _leaves_at(bucket: int) -> float:
-        return float(bucket + SPAN_BUCKETS)
 
 
 class PeriodCounter:

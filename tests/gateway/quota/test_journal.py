@@ -30,6 +30,7 @@ from serving.gateway.quota import (
 from serving.gateway.quota import journal as journal_module
 from serving.gateway.quota.journal import BudgetKind, Charge
 from tests.gateway.conftest import eventually
+from tests.gateway.quota.running import run_async
 from tests.gateway.quota.subjects import Subject, utc
 
 KEY = Subject("key_a", Limits(tokens_per_day=1000), {"big": Limits(tokens_per_month=5000)})
@@ -40,10 +41,10 @@ DEADLINE_S = 30.0
 Rows = dict[tuple[str, str, str, str], int]
 
 
-def spend(engine: QuotaEngine, model: str, tokens: int) -> None:
-    admission = engine.admit(KEY, model, tokens, 1)
+async def spend(engine: QuotaEngine, model: str, tokens: int) -> None:
+    admission = await engine.admit(KEY, model, tokens, 1)
     assert isinstance(admission, Admission), admission
-    assert engine.settle(admission.lease, tokens, 0)
+    assert await engine.settle(admission.lease, tokens, 0)
 
 
 def persisted(path: Path) -> Rows:
@@ -83,94 +84,100 @@ class ListJournal:
         self.charges.append(charge)
 
 
-def test_the_store_records_settled_charges_never_reservations() -> None:
+@run_async
+async def test_the_store_records_settled_charges_never_reservations() -> None:
     journal = ListJournal()
     clock = ManualClock(wall=utc(2024, 5, 10, 23, 59, 30))
     engine = QuotaEngine(InMemoryQuotaStore(clock, journal=journal), lease_ttl=60)
-    settled = engine.admit(KEY, "big", 10, 100)
-    aborted = engine.admit(KEY, "m", 10, 100)
-    failed = engine.admit(KEY, "m", 10, 100)
-    running = engine.admit(KEY, "m", 10, 100)
+    settled = await engine.admit(KEY, "big", 10, 100)
+    aborted = await engine.admit(KEY, "m", 10, 100)
+    failed = await engine.admit(KEY, "m", 10, 100)
+    running = await engine.admit(KEY, "m", 10, 100)
     assert isinstance(settled, Admission) and isinstance(aborted, Admission)
     assert isinstance(failed, Admission) and isinstance(running, Admission)
     assert journal.charges == []  # reservations are not spending
     clock.advance(45)  # past midnight: charges still belong to the day they were admitted in
-    assert engine.settle(settled.lease, 7, 20)
-    assert engine.abort(aborted.lease, 10, 3)
-    assert engine.fail(failed.lease)  # charges nothing, so records nothing
+    assert await engine.settle(settled.lease, 7, 20)
+    assert await engine.abort(aborted.lease, 10, 3)
+    assert await engine.fail(failed.lease)  # charges nothing, so records nothing
     key, big = Scope("key_a"), Scope("key_a", "big")
     assert journal.charges == [
         Charge((key, big), DAY, MONTH, 27),
         Charge((key,), DAY, MONTH, 13),
     ]
     clock.advance(60)
-    assert engine.reclaim_expired() == 1  # nobody ended it: its whole reservation is charged
+    assert await engine.reclaim_expired() == 1  # nobody ended it: its whole reservation is charged
     assert journal.charges[-1] == Charge((key,), DAY, MONTH, 110)
 
 
-def test_the_store_starts_from_the_journaled_totals() -> None:
+@run_async
+async def test_the_store_starts_from_the_journaled_totals() -> None:
     journal = ListJournal({(Scope("key_a"), "day"): 900, (Scope("key_a", "big"), "month"): 40})
     store = InMemoryQuotaStore(ManualClock(wall=utc(2024, 5, 10, 12)), journal=journal)
-    assert store.usage(Scope("key_a")).tokens_today == 900
-    assert store.usage(Scope("key_a", "big")).tokens_this_month == 40
-    refusal = QuotaEngine(store).admit(KEY, "m", 100, 1)
+    assert (await store.usage(Scope("key_a"))).tokens_today == 900
+    assert (await store.usage(Scope("key_a", "big"))).tokens_this_month == 40
+    refusal = await QuotaEngine(store).admit(KEY, "m", 100, 1)
     assert isinstance(refusal, Refusal) and refusal.reason is RefusalReason.DAILY
 
 
 # -- the journal on disk ------------------------------------------------------------------
 
 
-def test_budgets_are_reloaded_after_a_restart(path: Path) -> None:
+@run_async
+async def test_budgets_are_reloaded_after_a_restart(path: Path) -> None:
     clock = ManualClock(wall=utc(2024, 5, 10, 12))
     journal = SqliteBudgetJournal(path)
     engine = QuotaEngine(InMemoryQuotaStore(clock, journal=journal))
-    spend(engine, "m", 300)
-    spend(engine, "big", 400)
+    await spend(engine, "m", 300)
+    await spend(engine, "big", 400)
     journal.close()
     assert journal.unwritten() == 0
 
     reopened = SqliteBudgetJournal(path)
     restarted = QuotaEngine(InMemoryQuotaStore(clock, journal=reopened))
-    assert restarted.store.usage(Scope("key_a")).tokens_today == 700
-    assert restarted.store.usage(Scope("key_a", "big")).tokens_this_month == 400
-    refusal = restarted.admit(KEY, "m", 301, 1)  # 700 + 302 > 1000
+    assert (await restarted.store.usage(Scope("key_a"))).tokens_today == 700
+    assert (await restarted.store.usage(Scope("key_a", "big"))).tokens_this_month == 400
+    refusal = await restarted.admit(KEY, "m", 301, 1)  # 700 + 302 > 1000
     assert isinstance(refusal, Refusal)
     assert refusal.reason is RefusalReason.DAILY
     reopened.close()
 
 
-def test_loaded_budgets_expire_with_their_period(path: Path) -> None:
+@run_async
+async def test_loaded_budgets_expire_with_their_period(path: Path) -> None:
     clock = ManualClock(wall=utc(2024, 5, 10, 23, 59))
     journal = SqliteBudgetJournal(path)
-    spend(QuotaEngine(InMemoryQuotaStore(clock, journal=journal)), "m", 900)
+    await spend(QuotaEngine(InMemoryQuotaStore(clock, journal=journal)), "m", 900)
     journal.close()
     reopened = SqliteBudgetJournal(path)
     restarted = InMemoryQuotaStore(clock, journal=reopened)
     clock.advance(60)  # the budget was loaded on May 10th; it is May 11th now
-    assert restarted.usage(Scope("key_a")).tokens_today == 0
-    assert restarted.usage(Scope("key_a")).tokens_this_month == 900
+    assert (await restarted.usage(Scope("key_a"))).tokens_today == 0
+    assert (await restarted.usage(Scope("key_a"))).tokens_this_month == 900
     reopened.close()
 
 
-def test_charges_are_written_as_they_settle_and_reservations_never(
+@run_async
+async def test_charges_are_written_as_they_settle_and_reservations_never(
     path: Path, journal: SqliteBudgetJournal
 ) -> None:
     engine = QuotaEngine(
         InMemoryQuotaStore(ManualClock(wall=utc(2024, 5, 10, 12)), journal=journal)
     )
-    spend(engine, "m", 10)
-    running = engine.admit(KEY, "m", 50, 50)
+    await spend(engine, "m", 10)
+    running = await engine.admit(KEY, "m", 50, 50)
     assert isinstance(running, Admission)
     # Nothing calls flush(): the writer thread commits by itself, at once.
     assert eventually(lambda: persisted(path) == both("key_a", "", 10), DEADLINE_S)
     assert journal.drain(DEADLINE_S)
     assert persisted(path) == both("key_a", "", 10)  # the running request's 100 are not there
-    assert engine.settle(running.lease, 50, 7)
+    assert await engine.settle(running.lease, 50, 7)
     assert journal.drain(DEADLINE_S)
     assert persisted(path) == both("key_a", "", 67)
 
 
-def test_two_journals_on_one_file_add_up(path: Path) -> None:
+@run_async
+async def test_two_journals_on_one_file_add_up(path: Path) -> None:
     """Two writers (as two gateway processes would be) recording concurrently from threads:
     every row is the sum of both, where overwriting would keep only one writer's total."""
     journals = [SqliteBudgetJournal(path), SqliteBudgetJournal(path)]
@@ -208,7 +215,8 @@ def test_two_journals_on_one_file_add_up(path: Path) -> None:
     reopened.close()
 
 
-def test_a_failed_write_is_counted_logged_and_retried_with_the_same_deltas(
+@run_async
+async def test_a_failed_write_is_counted_logged_and_retried_with_the_same_deltas(
     path: Path, journal: SqliteBudgetJournal, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.WARNING, logger=journal_module.__name__)
@@ -259,7 +267,8 @@ class CommitThenFail(sqlite3.Connection):
         return cursor
 
 
-def test_a_commit_that_failed_after_taking_effect_is_not_applied_twice(
+@run_async
+async def test_a_commit_that_failed_after_taking_effect_is_not_applied_twice(
     path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     def connect(target: Path, busy_timeout_s: float) -> sqlite3.Connection:
@@ -281,7 +290,8 @@ def test_a_commit_that_failed_after_taking_effect_is_not_applied_twice(
     assert persisted(path) == both("key_a", "", 12)
 
 
-def test_record_never_touches_the_disk(path: Path) -> None:
+@run_async
+async def test_record_never_touches_the_disk(path: Path) -> None:
     """With the file locked by someone else and a long busy timeout, recording (on the
     event loop, in the gateway) still returns at once; the writer catches up afterwards."""
     journal = SqliteBudgetJournal(path, busy_timeout_s=60)
@@ -300,7 +310,8 @@ def test_record_never_touches_the_disk(path: Path) -> None:
     assert persisted(path) == both("key_a", "", 100)
 
 
-def test_close_drains_the_queue(path: Path) -> None:
+@run_async
+async def test_close_drains_the_queue(path: Path) -> None:
     journal = SqliteBudgetJournal(path)
     for tokens in range(1, 1001):
         journal.record(Charge((Scope("key_a"),), DAY, MONTH, tokens))
@@ -311,7 +322,8 @@ def test_close_drains_the_queue(path: Path) -> None:
     assert persisted(path) == both("key_a", "", 1000 * 1001 // 2)
 
 
-def test_close_gives_up_at_its_deadline_and_says_so(
+@run_async
+async def test_close_gives_up_at_its_deadline_and_says_so(
     path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     journal = SqliteBudgetJournal(path, busy_timeout_s=0.05)
@@ -330,7 +342,8 @@ def test_close_gives_up_at_its_deadline_and_says_so(
     assert any("were not written" in r.getMessage() for r in caplog.records)
 
 
-def test_marks_of_writers_gone_for_a_month_are_pruned(path: Path) -> None:
+@run_async
+async def test_marks_of_writers_gone_for_a_month_are_pruned(path: Path) -> None:
     SqliteBudgetJournal(path).close()  # creates the tables
     with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as conn:
         conn.execute("INSERT INTO quota_budget_writers VALUES ('gone', 7, '2000-01-01')")

@@ -1,15 +1,21 @@
 """Random interleavings of admit, settle, abort, fail, renew, expiry and time, checked
-against an independent model of what each lease holds.
+against an independent model of what each lease holds, over every store (`quota_store`: the
+in-memory one and the Redis one), so the two cannot drift apart.
 
 Invariants: no limit is exceeded in any 60 s interval or calendar period; the store's
 counters equal the model's; in-flight counts are never negative and return to zero; every
-lease is charged exactly once; a refused request changes nothing.
+lease is charged exactly once; a refused request changes nothing; every admission or refusal,
+its wait and its rate-limit state are what `decide` says about the model's counters.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import math
-from dataclasses import dataclass
+from collections.abc import Coroutine
+from dataclasses import dataclass, replace
+from typing import Any, TypeVar
 
 from hypothesis import settings
 from hypothesis import strategies as st
@@ -19,20 +25,28 @@ from hypothesis.stateful import (
     invariant,
     multiple,
     rule,
+    run_state_machine_as_test,
 )
 
 from serving.gateway.quota import (
-    InMemoryQuotaStore,
     Lease,
     LeaseState,
     Limits,
     ManualClock,
+    MinuteUsage,
     QuotaEngine,
     Refusal,
     Scope,
+    ScopedLimits,
+    ScopeState,
+    decide,
+    rate_limit_status,
 )
-from serving.gateway.quota.windows import utc_day, utc_month
+from serving.gateway.quota.windows import bucket_of, utc_day, utc_month
+from tests.gateway.quota.conftest import StoreFactory
 from tests.gateway.quota.subjects import Subject, utc
+
+T = TypeVar("T")
 
 TTL = 30.0
 DEFAULT_MAX_TOKENS = 50
@@ -80,12 +94,22 @@ class Admitted:
 class QuotaMachine(RuleBasedStateMachine):
     admissions = Bundle("admissions")
 
+    make_store: StoreFactory  # set by `test_quota_machine` for each store
+
     def __init__(self) -> None:
         super().__init__()
+        # Both clocks start on a whole second, so a store that keeps its windows on the wall
+        # clock (Redis) has the same buckets as one on the monotonic clock.
         self.clock = ManualClock(monotonic=1000.0, wall=START_WALL)
-        self.store = InMemoryQuotaStore(self.clock)
+        # One loop per example: a shared store's client lives on it.
+        self.loop = asyncio.new_event_loop()
+        self.stack = contextlib.AsyncExitStack()
+        self.store = self.run(self.stack.enter_async_context(self.make_store(self.clock)))
         self.engine = QuotaEngine(self.store, default_max_tokens=DEFAULT_MAX_TOKENS, lease_ttl=TTL)
         self.records: list[Admitted] = []
+
+    def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        return self.loop.run_until_complete(coroutine)
 
     @rule(
         target=admissions,
@@ -101,11 +125,18 @@ class QuotaMachine(RuleBasedStateMachine):
         )
         # Reclaim first, so the snapshot below cannot differ merely by an expiry.
         self.reclaim()
-        before = [self.store.usage(scope) for scope in scopes]
-        outcome = self.engine.admit(key, model, prompt, requested)
+        before = [self.run(self.store.usage(scope)) for scope in scopes]
+        limited = [ScopedLimits(scope, ALL_SCOPES[scope]) for scope in scopes]
+        allowed = self.engine.allowed_max_tokens(tuple(limited), requested, prompt)
+        ruling = decide(limited, self.model_states(scopes), prompt + allowed, *self.now())
+        outcome = self.run(self.engine.admit(key, model, prompt, requested))
         if isinstance(outcome, Refusal):
-            assert [self.store.usage(scope) for scope in scopes] == before
+            assert ruling is not None
+            status = rate_limit_status(limited, self.model_states(scopes), self.now()[0])
+            assert outcome == replace(ruling, rate_limit=status)
+            assert [self.run(self.store.usage(scope)) for scope in scopes] == before
             return multiple()
+        assert ruling is None
         caps = [ALL_SCOPES[scope].max_tokens for scope in scopes]
         cap = min((value for value in caps if value is not None), default=None)
         expected = DEFAULT_MAX_TOKENS if cap is None else cap
@@ -136,7 +167,37 @@ class QuotaMachine(RuleBasedStateMachine):
             expires_at=now + TTL,
         )
         self.records.append(record)
+        assert outcome.rate_limit == rate_limit_status(
+            limited, self.model_states(scopes), self.now()[0]
+        )
         return record
+
+    def now(self) -> tuple[float, float]:
+        return self.clock.monotonic(), self.clock.wall()
+
+    def model_states(self, scopes: tuple[Scope, ...]) -> list[ScopeState]:
+        """What each scope holds according to the model, as `decide` reads it."""
+        now, wall = self.now()
+        oldest_bucket = bucket_of(now) - 60
+        states = []
+        for scope in scopes:
+            mine = [r for r in self.records if scope in r.scopes]
+            requests: dict[int, int] = {}
+            tokens: dict[int, int] = {}
+            for r in sorted(mine, key=lambda r: r.at):
+                if bucket_of(r.at) >= oldest_bucket:
+                    requests[bucket_of(r.at)] = requests.get(bucket_of(r.at), 0) + 1
+                    tokens[bucket_of(r.at)] = tokens.get(bucket_of(r.at), 0) + r.charge
+            states.append(
+                ScopeState(
+                    in_flight=sum(1 for r in mine if r.endings == 0),
+                    requests=MinuteUsage(sum(requests.values()), requests),
+                    tokens=MinuteUsage(sum(tokens.values()), tokens),
+                    tokens_today=sum(r.charge for r in mine if r.day == utc_day(wall)),
+                    tokens_this_month=sum(r.charge for r in mine if r.month == utc_month(wall)),
+                )
+            )
+        return states
 
     @rule(
         record=admissions,
@@ -160,15 +221,15 @@ class QuotaMachine(RuleBasedStateMachine):
         charge = (lease.prompt_estimate if prompt is None else prompt) + (
             lease.max_tokens if completion is None else completion
         )
-        self._ended(record, end(lease, prompt, completion), charge)
+        self._ended(record, self.run(end(lease, prompt, completion)), charge)
 
     @rule(record=admissions)
     def fail(self, record: Admitted) -> None:
-        self._ended(record, self.engine.fail(record.lease), 0)
+        self._ended(record, self.run(self.engine.fail(record.lease)), 0)
 
     @rule(record=admissions)
     def renew(self, record: Admitted) -> None:
-        renewed = self.engine.renew(record.lease)
+        renewed = self.run(self.engine.renew(record.lease))
         assert renewed == (record.endings == 0)
         if renewed:
             record.expires_at = self.clock.monotonic() + TTL
@@ -181,7 +242,7 @@ class QuotaMachine(RuleBasedStateMachine):
     def reclaim(self) -> None:
         now = self.clock.monotonic()
         due = [r for r in self.records if r.endings == 0 and r.expires_at <= now]
-        assert self.engine.reclaim_expired() == len(due)
+        assert self.run(self.engine.reclaim_expired()) == len(due)
         for record in due:
             assert record.lease.state is LeaseState.EXPIRED
             record.endings = 1  # charged its full reservation, once
@@ -197,7 +258,7 @@ class QuotaMachine(RuleBasedStateMachine):
     def in_flight_matches_and_respects_concurrency(self) -> None:
         for scope, limits in ALL_SCOPES.items():
             active = sum(1 for r in self.records if r.endings == 0 and scope in r.scopes)
-            assert self.store.usage(scope).in_flight == active >= 0
+            assert self.run(self.store.usage(scope)).in_flight == active >= 0
             if limits.max_concurrency is not None:
                 assert active <= limits.max_concurrency
 
@@ -232,7 +293,7 @@ class QuotaMachine(RuleBasedStateMachine):
         for scope in ALL_SCOPES:
             mine = [r for r in self.records if scope in r.scopes]
             in_window = [r for r in mine if math.floor(r.at) >= oldest_bucket]
-            usage = self.store.usage(scope)
+            usage = self.run(self.store.usage(scope))
             assert usage.requests_in_window == len(in_window)
             assert usage.tokens_in_window == sum(r.charge for r in in_window)
             assert usage.tokens_today == sum(r.charge for r in mine if r.day == utc_day(wall))
@@ -241,16 +302,25 @@ class QuotaMachine(RuleBasedStateMachine):
             )
 
     def teardown(self) -> None:
-        for record in self.records:
-            if record.endings == 0:
-                assert self.engine.settle(record.lease, None, None)
-                record.endings = 1
-        for scope in ALL_SCOPES:
-            assert self.store.usage(scope).in_flight == 0
-        assert all(r.endings == 1 and not r.lease.active for r in self.records)
+        try:
+            for record in self.records:
+                if record.endings == 0:
+                    assert self.run(self.engine.settle(record.lease, None, None))
+                    record.endings = 1
+            for scope in ALL_SCOPES:
+                assert self.run(self.store.usage(scope)).in_flight == 0
+            assert all(r.endings == 1 and not r.lease.active for r in self.records)
+            assert self.store.active_leases() == 0
+        finally:
+            self.run(self.stack.aclose())
+            self.loop.close()
 
 
-QuotaMachine.TestCase.settings = settings(
-    max_examples=150, stateful_step_count=60, deadline=None, database=None
-)
-TestQuotaMachine = QuotaMachine.TestCase
+def test_quota_machine(quota_store: StoreFactory) -> None:
+    class OverThisStore(QuotaMachine):
+        make_store = staticmethod(quota_store)
+
+    run_state_machine_as_test(
+        OverThisStore,
+        settings=settings(max_examples=150, stateful_step_count=60, deadline=None, database=None),
+    )

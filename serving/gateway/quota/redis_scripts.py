@@ -1,0 +1,25 @@
+"""The Redis store's server-side scripts: one per operation, each run as one atomic step.
+
+    source = script_source("reserve")    # common.lua + reserve.lua
+
+The Lua lives in `lua/` next to this module (package data): `common.lua` holds what every
+operation shares (the clock, the calendar, the sliding minute, a scope's counters, ending
+a lease) and is prepended to each operation's own file, since EVALSHA scripts cannot
+include one another.
+"""
+
+from __future__ import annotations
+
+import functools
+from importlib import resources
+from typing import Literal
+
+ScriptName = Literal["reserve", "finish", "renew", "reclaim", "snapshot"]
+SCRIPT_NAMES: tuple[ScriptName, ...] = ("reserve", "finish", "renew", "reclaim", "snapshot")
+
+
+@functools.cache
+def script_source(name: ScriptName) -> str:
+    folder = resources.files(__package__).joinpath("lua")
+    common = folder.joinpath("common.lua").read_text(encoding="utf-8")
+    return common + "\n" + folder.joinpath(f"{name}.lua").read_text(encoding="utf-8")

@@ -1,0 +1,41 @@
+"""One replica in a race (`test_redis_store`): its own process and `RedisQuotaStore`.
+
+    python -m tests.gateway.quota.racer URL KEY_ID LIMITS_JSON TRIES
+
+Loads the scripts, says it is ready (INCR race:ready), waits for the start (BLPOP race:go),
+then sends TRIES reservations at once and prints {"admitted": N}. Admitted leases are held,
+never ended: a racer for concurrency must keep its slots.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+
+from redis.asyncio import Redis
+
+from serving.gateway.quota import Lease, Limits, Scope, ScopedLimits
+from serving.gateway.quota.redis_store import RedisQuotaStore
+
+# Generous: a busy machine may take long to start all racers; never waited out.
+WAIT_S = 120
+TIMEOUT_S = 30.0
+
+
+async def main(url: str, key_id: str, limits: Limits, tries: int) -> int:
+    client = Redis.from_url(url, decode_responses=True, max_connections=tries + 1)
+    store = RedisQuotaStore(client, timeout_s=TIMEOUT_S)
+    scopes = (ScopedLimits(Scope(key_id), limits),)
+    await store.usage(Scope(f"{key_id}-warm-up"))  # a connection and a script loaded first
+    await client.incr("race:ready")
+    await client.blpop(["race:go"], timeout=WAIT_S)
+    outcomes = await asyncio.gather(*(store.try_reserve(scopes, 1, 2, 600) for _ in range(tries)))
+    await client.aclose()
+    return sum(isinstance(outcome, Lease) for outcome, _ in outcomes)
+
+
+if __name__ == "__main__":
+    url, key_id, limits, tries = sys.argv[1:]
+    admitted = asyncio.run(main(url, key_id, Limits.from_mapping(json.loads(limits)), int(tries)))
+    print(json.dumps({"admitted": admitted}))
