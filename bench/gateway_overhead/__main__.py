@@ -27,7 +27,10 @@ SECRET_FLAGS = ("--api-key", "--engine-api-key")
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m bench.gateway_overhead",
-        description="Gateway overhead: direct vs passthrough vs serving gateway vs LiteLLM.",
+        description=(
+            "Gateway overhead: direct vs passthrough vs serving gateway (in-process and Redis "
+            "quota store) vs LiteLLM."
+        ),
     )
     parser.add_argument("--quick", action="store_true", help="short run (< 60 s), for tests")
     parser.add_argument("--seconds", type=float, help="seconds per measurement")

@@ -82,6 +82,12 @@ class Sample:
     """Busy share of one core per process group (1.0 = a full core), plus the load
     generator's own and `machine`: all cores together (up to the number of cores)."""
     first_error: str = ""
+    answered: int = 0
+    """Requests answered in the whole measurement, warm-up and drain included (`ok` counts
+    the window's alone): what counters read around the measurement are divided by."""
+    commands: Mapping[str, int] = field(default_factory=dict)
+    """Commands the path's Redis processed during the whole measurement: `total` and per
+    command (`redis_server.delta`); empty on paths without one."""
 
     @property
     def per_second(self) -> float:
@@ -235,6 +241,7 @@ async def measure(
         latencies_ms=tuple(run.latencies_ms),
         cpu_share={name: (cpu_after[name] - cpu_before[name]) / elapsed for name in cpu_after},
         first_error=run.first_error,
+        answered=run.completed + run.errors,
     )
 
 

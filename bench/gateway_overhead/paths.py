@@ -1,4 +1,4 @@
-"""The four paths of the local benchmark, each set up as its users would run it.
+"""The paths of the local benchmark, each set up as its users would run it.
 
     upstream = await start_upstream(launcher)                       # core 0
     path = await start_path("gateway", launcher, upstream.base_url) # core 1
@@ -7,7 +7,9 @@
 - passthrough: `bench.gateway_overhead.passthrough` (plain ASGI, uvicorn, aiohttp client);
 - gateway:     `serving gateway --upstream URL --port N` with a real key: from a key store
                (`serving keys create` + `--keys-db`, limits far above the load) when the
-               gateway has that flag, else from SERVING_API_KEY;
+               gateway has that flag, else from SERVING_API_KEY; quotas in-process;
+- gateway-redis: the same gateway with `--redis-url`: quotas in a redis-server started here
+               (`redis_server`), whose CPU and command counters are measured with the path;
 - litellm:     LiteLLM's proxy, one worker, defaults (see `litellm_proxy`).
 """
 
@@ -24,10 +26,18 @@ from pathlib import Path
 from bench.gateway_overhead import litellm_proxy
 from bench.gateway_overhead.load import Target
 from bench.gateway_overhead.processes import BenchError, Launcher, free_port
+from bench.gateway_overhead.redis_server import RedisServer, start_redis
 from bench.gateway_overhead.upstream import MODEL
 
 PROXY_CPU = 1
 LOAD_CPU = 0
+# Redis shares the load generator's core, not the proxy's: in a deployment Redis runs on a
+# machine of its own, so the proxy core measures the gateway alone (its Redis client
+# included), as on every other path; Redis's own CPU is measured and shown apart. Unpinned,
+# the scheduler would also put it on the proxy's core and charge its work to the gateway.
+REDIS_CPU = LOAD_CPU
+REDIS_PROCESS = "redis"
+GATEWAY_REDIS = "gateway-redis"
 READY_TIMEOUT_S = 60.0
 LITELLM_READY_TIMEOUT_S = 240.0
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -35,6 +45,7 @@ LABELS = {
     "direct": "direct to upstream",
     "passthrough": "minimal passthrough (ASGI + uvicorn + aiohttp client)",
     "gateway": "our gateway (serving gateway)",
+    GATEWAY_REDIS: "our gateway, Redis quota store (--redis-url)",
     "litellm": "LiteLLM proxy (1 worker, defaults)",
 }
 ALL_PATHS = tuple(LABELS)
@@ -54,6 +65,9 @@ class PathUnderTest:
     process: str | None = None
     """Launcher name of the proxy process whose CPU is measured; None when not ours."""
     notes: str = ""
+    redis: RedisServer | None = None
+    """The Redis the proxy keeps its quotas in (launcher name `REDIS_PROCESS`): its CPU and
+    the commands it processed are measured with the path."""
 
 
 async def start_upstream(launcher: Launcher) -> PathUnderTest:
@@ -72,6 +86,7 @@ async def start_path(name: str, launcher: Launcher, upstream: str) -> PathUnderT
     port = free_port()
     base_url = f"http://127.0.0.1:{port}"
     timeout = READY_TIMEOUT_S
+    redis = None
     if name == "passthrough":
         key = "sk-passthrough"
         argv = [
@@ -81,7 +96,15 @@ async def start_path(name: str, launcher: Launcher, upstream: str) -> PathUnderT
         launcher.start(name, argv, cpu=PROXY_CPU, cwd=REPO_ROOT)
         notes = "no auth, no quota, no metrics"
     elif name == "gateway":
-        key, notes = _start_gateway(launcher, upstream, port)
+        key, notes = _start_gateway(launcher, name, upstream, port)
+    elif name == GATEWAY_REDIS:
+        redis = await start_redis(launcher, cpu=REDIS_CPU, name=REDIS_PROCESS)
+        key, notes = _start_gateway(launcher, name, upstream, port, redis_url=redis.url)
+        notes += (
+            f"; quota counters in Redis {redis.version} (a redis-server started here on core "
+            f'{REDIS_CPU}, with the upstream and the load generator, `--save "" --appendonly '
+            "no`); day/month budgets in Redis too, so no keys.db budget journal"
+        )
     elif name == "litellm":
         key = "sk-bench-" + secrets.token_hex(16)
         executable = await asyncio.to_thread(
@@ -99,19 +122,26 @@ async def start_path(name: str, launcher: Launcher, upstream: str) -> PathUnderT
         raise BenchError(f"--paths: unknown path {name!r} (choose from {', '.join(ALL_PATHS)})")
     target = Target(base_url=base_url, api_key=key, model=MODEL)
     await launcher.wait_ready(name, target, timeout_s=timeout)
-    return PathUnderTest(name=name, label=LABELS[name], target=target, process=name, notes=notes)
+    return PathUnderTest(
+        name=name, label=LABELS[name], target=target, process=name, notes=notes, redis=redis
+    )
 
 
 def _serving(*args: str) -> list[str]:
     return [sys.executable, "-m", "serving.cli", *args]
 
 
-def _start_gateway(launcher: Launcher, upstream: str, port: int) -> tuple[str, str]:
-    """Start `serving gateway`; the API key it accepts, and how the key was provisioned."""
-    home = launcher.workdir / "serving-home"
+def _start_gateway(
+    launcher: Launcher, name: str, upstream: str, port: int, *, redis_url: str | None = None
+) -> tuple[str, str]:
+    """Start `serving gateway` as `name`; the API key it accepts, and how the key was
+    provisioned."""
+    home = launcher.workdir / f"{name}-home"
     home.mkdir(exist_ok=True)
     env = {"SERVING_HOME": str(home)}
     argv = _serving("gateway", "--upstream", upstream, "--port", str(port))
+    if redis_url is not None:
+        argv += ["--redis-url", redis_url]
     help_text = _run(_serving("gateway", "--help"), env)
     if "--keys-db" in help_text:
         store = home / "bench-keys.db"
@@ -137,7 +167,7 @@ def _start_gateway(launcher: Launcher, upstream: str, port: int) -> tuple[str, s
         key = "sk-bench-" + secrets.token_hex(16)
         env["SERVING_API_KEY"] = key
         notes = "key from SERVING_API_KEY (this gateway has no --keys-db yet)"
-    launcher.start("gateway", argv, cpu=PROXY_CPU, env=env, cwd=REPO_ROOT)
+    launcher.start(name, argv, cpu=PROXY_CPU, env=env, cwd=REPO_ROOT)
     return key, notes
 
 

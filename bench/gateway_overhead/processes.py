@@ -20,7 +20,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -111,6 +111,17 @@ class Launcher:
     async def wait_ready(self, name: str, target: Target, *, timeout_s: float) -> None:
         """Return once `name` answers a chat completion; `BenchError` if it exits or the
         time runs out."""
+        await self.wait_until(name, lambda: probe(target), timeout_s=timeout_s)
+
+    async def wait_until(
+        self,
+        name: str,
+        check: Callable[[], Awaitable[str | None]],
+        *,
+        timeout_s: float,
+    ) -> None:
+        """Return once `check()` answers None (ready; else it says why not); `BenchError` if
+        `name` exits or the time runs out."""
         proc = self._procs[name]
         deadline = time.monotonic() + timeout_s
         reason = "no answer"
@@ -120,7 +131,7 @@ class Launcher:
                     f"{name} exited with status {proc.returncode}:\n{self.log_tail(name)}"
                 )
             try:
-                failure = await asyncio.wait_for(probe(target), timeout=5.0)
+                failure = await asyncio.wait_for(check(), timeout=5.0)
             except TimeoutError:
                 failure = "probe timed out"
             if failure is None:

@@ -35,6 +35,7 @@ AREAS = (
     ("uvicorn/", "uvicorn (HTTP server)"),
     ("prometheus_client/", "prometheus_client (metrics)"),
     ("sqlite3/", "sqlite3 (key store)"),
+    ("redis/", "redis-py (quota store client)"),
     ("json/", "json"),
     ("logging/", "logging"),
     ("asyncio/runners.py", "event loop + C I/O (uvloop, httptools)"),
@@ -135,12 +136,13 @@ async def profile_process(
     seconds: float,
     load: Callable[[], Awaitable[object]],
     workdir: Path,
+    name: str = "gateway",
 ) -> ProfileSummary:
-    """Sample `pid` with py-spy for `seconds` while `load()` runs."""
+    """Sample `pid` (the process `name`) with py-spy for `seconds` while `load()` runs."""
     py_spy = find_py_spy()
     if py_spy is None:
         return {"skipped": "py-spy not found: install it (pip install py-spy) to get a profile"}
-    output = workdir / "gateway-profile.txt"
+    output = workdir / f"{name}-profile.txt"
     command = [
         py_spy,
         *("record", "--pid", str(pid), "--duration", str(max(1, round(seconds)))),

@@ -14,6 +14,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from bench.gateway_overhead.load import LOADGEN, MACHINE, Sample
+from bench.gateway_overhead.paths import GATEWAY_REDIS, REDIS_PROCESS
+from bench.gateway_overhead.redis_server import ROUND_TRIPS, TOTAL
 from bench.gateway_overhead.runner import JSON, LATENCY, STREAM
 
 Json = dict[str, object]
@@ -24,6 +26,12 @@ MAX_ADDED_P99_MS = 3.0
 MIN_SHARE_OF_PASSTHROUGH = 0.85
 MIN_TIMES_LITELLM = 20.0
 MIN_SHARE_OF_DIRECT_REAL = 0.98
+# The scale-out issue: the Redis store keeps >= 70% of the in-process store's requests/s, and
+# costs one round trip per quota operation: a request is admitted (reserve: one EVALSHA) and
+# settled (finish: one EVALSHA), so 2 round trips per request, plus upkeep shared by all
+# requests (PING, lease renewals and reclaims every few seconds) that this allows for.
+MIN_SHARE_OF_IN_PROCESS = 0.70
+MAX_REDIS_ROUND_TRIPS_PER_REQUEST = 2.05
 
 
 def _median(values: Sequence[float]) -> float:
@@ -38,13 +46,26 @@ def summarise(per_metric: Mapping[str, Sequence[Sample]]) -> dict[str, float]:
     def cpu(samples: Sequence[Sample], name: str) -> float:
         return _median([s.cpu_share.get(name, float("nan")) for s in samples])
 
-    def cost_us(samples: Sequence[Sample]) -> float:
-        """Proxy CPU per completed request: robust to other load stealing its core."""
+    def cost_us(samples: Sequence[Sample], name: str = "proxy") -> float:
+        """CPU of `name` per completed request: robust to other load stealing its core."""
         return _median(
-            [s.cpu_share.get("proxy", math.nan) / s.per_second * 1e6 for s in samples if s.ok]
+            [s.cpu_share.get(name, math.nan) / s.per_second * 1e6 for s in samples if s.ok]
         )
 
     all_samples = [*latency, *json_load, *streams]
+    redis: dict[str, float] = {}
+    if any(s.commands for s in all_samples):
+        redis = {
+            "redis_round_trips_per_req": _per_request(json_load, ROUND_TRIPS),
+            "redis_evalsha_per_req": _per_request(json_load, "evalsha"),
+            "redis_round_trips_per_stream": _per_request(streams, ROUND_TRIPS),
+            "redis_evalsha_per_stream": _per_request(streams, "evalsha"),
+            "redis_round_trips_per_req_one_at_a_time": _per_request(latency, ROUND_TRIPS),
+            "redis_commands_per_req": _per_request(json_load, TOTAL),
+            "redis_cpu_json": cpu(json_load, REDIS_PROCESS),
+            "redis_cpu_us_per_req": cost_us(json_load, REDIS_PROCESS),
+            "redis_cpu_us_per_stream": cost_us(streams, REDIS_PROCESS),
+        }
     return {
         "p50_ms": _median([s.percentile_ms(50) for s in latency]),
         "p99_ms": _median([s.percentile_ms(99) for s in latency]),
@@ -60,7 +81,27 @@ def summarise(per_metric: Mapping[str, Sequence[Sample]]) -> dict[str, float]:
         "machine_cpu_json": cpu(json_load, MACHINE),
         "requests_ok": sum(s.ok for s in all_samples),
         "errors": sum(s.errors for s in all_samples),
+        **redis,
     }
+
+
+def _per_request(samples: Sequence[Sample], command: str) -> float:
+    """Median over the runs of `command`'s calls (or `total`, `round_trips`) per request
+    answered."""
+    return _median([s.commands.get(command, 0) / s.answered for s in samples if s.answered])
+
+
+def commands_by_name(per_metric: Mapping[str, Sequence[Sample]]) -> dict[str, int]:
+    """Every command Redis processed in the recorded measurements, by name, and the requests
+    answered meanwhile (`requests`): what the commands per request are made of."""
+    totals: dict[str, int] = {}
+    answered = 0
+    for samples in per_metric.values():
+        for sample in samples:
+            answered += sample.answered
+            for name, calls in sample.commands.items():
+                totals[name] = totals.get(name, 0) + calls
+    return {"requests": answered, **dict(sorted(totals.items(), key=lambda kv: -kv[1]))}
 
 
 def sample_record(sample: Sample) -> Json:
@@ -78,6 +119,9 @@ def sample_record(sample: Sample) -> Json:
         record["chunks_per_s"] = round(sample.chunks_per_second, 1)
     if sample.first_error:
         record["first_error"] = sample.first_error
+    if sample.commands:
+        record["answered"] = sample.answered
+        record["redis_commands"] = dict(sample.commands)
     return record
 
 
@@ -105,6 +149,18 @@ def ratios(summaries: Mapping[str, Mapping[str, float]]) -> dict[str, dict[str, 
                 )
         out[name] = r
     gateway, litellm = summaries.get("gateway"), summaries.get("litellm")
+    redis = summaries.get(GATEWAY_REDIS)
+    if gateway is not None and redis is not None:
+        # Same gateway, same rounds: what moving its quotas to Redis costs.
+        out[GATEWAY_REDIS] |= {
+            "req_share_of_in_process": _div(redis["req_per_s"], gateway["req_per_s"]),
+            "streams_share_of_in_process": _div(redis["streams_per_s"], gateway["streams_per_s"]),
+            "added_p50_ms_vs_in_process": redis["p50_ms"] - gateway["p50_ms"],
+            "added_p99_ms_vs_in_process": redis["p99_ms"] - gateway["p99_ms"],
+            "proxy_cpu_us_per_req_vs_in_process": (
+                redis["proxy_cpu_us_per_req"] - gateway["proxy_cpu_us_per_req"]
+            ),
+        }
     if gateway is not None and litellm is not None:
         out["gateway"]["req_times_litellm"] = _div(gateway["req_per_s"], litellm["req_per_s"])
         out["gateway"]["streams_times_litellm"] = _div(
@@ -173,6 +229,33 @@ def local_targets(r: Mapping[str, Mapping[str, float]]) -> list[Json]:
             g.get("req_times_litellm"),
             lambda v: v >= MIN_TIMES_LITELLM,
             "times",
+        ),
+    ]
+
+
+def redis_targets(
+    r: Mapping[str, Mapping[str, float]], round_trips_per_req: float | None
+) -> list[Json]:
+    g = r.get(GATEWAY_REDIS, {})
+    return [
+        _check(
+            f"Redis store: req/s >= {MIN_SHARE_OF_IN_PROCESS:.0%} of the in-process store's",
+            g.get("req_share_of_in_process"),
+            lambda v: v >= MIN_SHARE_OF_IN_PROCESS,
+            "share",
+        ),
+        _check(
+            f"Redis store: streams/s >= {MIN_SHARE_OF_IN_PROCESS:.0%} of the in-process store's",
+            g.get("streams_share_of_in_process"),
+            lambda v: v >= MIN_SHARE_OF_IN_PROCESS,
+            "share",
+        ),
+        _check(
+            "Redis store: one round trip per quota operation (reserve, finish): <= "
+            f"{MAX_REDIS_ROUND_TRIPS_PER_REQUEST:g} round trips per request, upkeep included",
+            round_trips_per_req,
+            lambda v: v <= MAX_REDIS_ROUND_TRIPS_PER_REQUEST,
+            "count",
         ),
     ]
 

@@ -11,10 +11,11 @@ instead of one. Medians over the rounds are taken by `report`.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from bench.gateway_overhead.load import Sample, measure
 from bench.gateway_overhead.paths import PathUnderTest
+from bench.gateway_overhead.redis_server import ROUND_TRIPS, delta
 
 LATENCY = "latency"
 JSON = "json"
@@ -50,13 +51,18 @@ async def measure_metric(
     seconds: float | None = None,
     cpu_groups: Mapping[str, Sequence[int]] | None = None,
 ) -> Sample:
-    return await measure(
+    """One measurement; on a path with Redis, with the commands Redis processed meanwhile."""
+    before = await path.redis.commands() if path.redis is not None else None
+    sample = await measure(
         path.target,
         seconds=plan.seconds if seconds is None else seconds,
         concurrency=1 if metric == LATENCY else plan.concurrency,
         stream=metric == STREAM,
         cpu_groups=cpu_groups,
     )
+    if path.redis is not None and before is not None:
+        sample = replace(sample, commands=delta(before, await path.redis.commands()))
+    return sample
 
 
 async def run_rounds(
@@ -84,11 +90,16 @@ async def run_rounds(
 
 def _brief(sample: Sample, *, latency: bool) -> str:
     errors = f" errors={sample.errors} ({sample.first_error})" if sample.errors else ""
+    redis = (
+        f" redis={sample.commands.get(ROUND_TRIPS, 0) / sample.answered:.3f} trips/req"
+        if sample.commands and sample.answered
+        else ""
+    )
     if latency:
         return (
             f"p50={sample.percentile_ms(50):.2f} ms p99={sample.percentile_ms(99):.2f} ms "
-            f"n={sample.ok}{errors}"
+            f"n={sample.ok}{redis}{errors}"
         )
     chunks = f" chunks/s={sample.chunks_per_second:,.0f}" if sample.chunks else ""
     cpu = " ".join(f"{name}={share:.0%}" for name, share in sample.cpu_share.items())
-    return f"{sample.per_second:,.0f}/s{chunks} cpu[{cpu}]{errors}"
+    return f"{sample.per_second:,.0f}/s{chunks} cpu[{cpu}]{redis}{errors}"

@@ -11,6 +11,9 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from bench.gateway_overhead.paths import GATEWAY_REDIS
+from bench.gateway_overhead.redis_server import ROUND_TRIPS, TOTAL, script_commands
+
 Doc = Mapping[str, Any]
 
 
@@ -78,6 +81,59 @@ def local_table(doc: Doc) -> list[str]:
             f"Our gateway vs LiteLLM: {_num(gateway['req_times_litellm'], '.1f', 'x')} the "
             f"req/s, {_num(gateway['streams_times_litellm'], '.1f', 'x')} the streams/s.",
         ]
+    return lines + redis_lines(doc)
+
+
+def redis_lines(doc: Doc) -> list[str]:
+    """The Redis store against the in-process one, and the commands Redis processed."""
+    path = doc["paths"].get(GATEWAY_REDIS)
+    if path is None:
+        return []
+    s, r = path["summary"], doc["ratios"].get(GATEWAY_REDIS, {})
+    lines = []
+    if "req_share_of_in_process" in r:
+        lines += [
+            "",
+            f"Redis store vs in-process store (same gateway, same rounds): "
+            f"{_pct(r['req_share_of_in_process'])} of the req/s, "
+            f"{_pct(r['streams_share_of_in_process'])} of the streams/s, "
+            f"{_num(r['added_p50_ms_vs_in_process'], '+.2f', ' ms')} p50 and "
+            f"{_num(r['added_p99_ms_vs_in_process'], '+.2f', ' ms')} p99 one at a time, "
+            f"{_num(r['proxy_cpu_us_per_req_vs_in_process'], '+,.0f', ' µs')} of gateway CPU "
+            "per request.",
+        ]
+    commands = path.get("redis_commands", {})
+    inside = script_commands()
+    sent, run = (
+        ", ".join(
+            f"{name} {calls:,}"
+            for name, calls in commands.items()
+            if name not in ("requests", TOTAL, ROUND_TRIPS) and (name in inside) == scripted
+        )
+        or "none"
+        for scripted in (False, True)
+    )
+    lines += [
+        "",
+        "Redis round trips per request (redis-server's own counters, INFO stats and "
+        "commandstats, read before and after each measurement, divided by the requests "
+        f"answered meanwhile; medians): {_num(s.get('redis_round_trips_per_req'), '.3f')} at "
+        f"32 concurrent ({_num(s.get('redis_evalsha_per_req'), '.3f')} of them EVALSHA), "
+        f"{_num(s.get('redis_round_trips_per_stream'), '.3f')} per stream, "
+        f"{_num(s.get('redis_round_trips_per_req_one_at_a_time'), '.3f')} one at a time. "
+        "A request is two quota operations of one round trip each: reserve (one EVALSHA: "
+        "admission and the rate-limit state together) and finish (one EVALSHA: the settle); "
+        "the rest is upkeep shared by all requests (PING, renewing running requests' leases, "
+        "reclaiming expired ones, every few seconds) and connection set-up. "
+        f"In all recorded measurements, for {commands.get('requests', 0):,} requests: "
+        f"{commands.get(ROUND_TRIPS, 0):,} round trips ({sent}); inside the scripts Redis ran "
+        f"{commands.get(TOTAL, 0) - commands.get(ROUND_TRIPS, 0):,} more commands ({run}), "
+        f"{_num(s.get('redis_commands_per_req'), '.1f')} per request in all at 32 concurrent "
+        "(total_commands_processed counts both). Redis's own CPU: "
+        f"{_num(s.get('redis_cpu_us_per_req'), ',.0f')} µs per request "
+        f"({_pct(s.get('redis_cpu_json'))} of a core), "
+        f"{_num(s.get('redis_cpu_us_per_stream'), ',.0f')} µs per stream.",
+    ]
     return lines
 
 
@@ -112,16 +168,20 @@ def targets_table(targets: Sequence[Mapping[str, Any]]) -> list[str]:
             shown = _pct(measured)
         elif unit == "times":
             shown = _num(measured, ".1f", "x")
+        elif unit == "count":
+            shown = _num(measured, ".3f")
         else:
             shown = _num(measured, "+.2f", " ms")
         rows.append([t["target"], shown, f"**{t['verdict']}**"])
-    return _table(["target (DESIGN.md section 8)", "measured", "verdict"], rows)
+    return _table(["target", "measured", "verdict"], rows)
 
 
-def profile_lines(profile: Mapping[str, Any] | None) -> list[str]:
+def profile_lines(
+    profile: Mapping[str, Any] | None, *, title: str = "Where the gateway's time goes"
+) -> list[str]:
     if not profile:
         return []
-    lines = ["", "## Where the gateway's time goes (profile under load)", ""]
+    lines = ["", f"## {title} (profile under load)", ""]
     if "skipped" in profile:
         return [*lines, f"No profile: {profile['skipped']}"]
     lines += [
@@ -165,6 +225,9 @@ def local_markdown(doc: Doc) -> str:
         *(f"- {name}: not measured: {why}" for name, why in doc["skipped"].items()),
         *(f"- {note}" for note in doc["notes"]),
         *profile_lines(doc.get("profile")),
+        *profile_lines(
+            doc.get("profile_redis"), title="Where the gateway's time goes with the Redis store"
+        ),
     ]
     return "\n".join(lines).rstrip() + "\n"
 

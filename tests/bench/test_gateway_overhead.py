@@ -1,5 +1,6 @@
-"""The gateway overhead benchmark runs end to end (`--quick`, no LiteLLM) and its results
-file holds sane numbers. Speed is not asserted: that is what the benchmark reports."""
+"""The gateway overhead benchmark runs end to end (`--quick`, no LiteLLM; the gateway with
+the in-process and with the Redis quota store) and its results file holds sane numbers. Speed
+is not asserted: that is what the benchmark reports; the Redis round trips per request are."""
 
 from __future__ import annotations
 
@@ -10,19 +11,22 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from bench.gateway_overhead import report, table
 from bench.gateway_overhead.__main__ import shown_command
 from bench.gateway_overhead.load import Sample
 from bench.gateway_overhead.profile import summarise
+from bench.gateway_overhead.runner import JSON, LATENCY, STREAM
 from bench.gateway_overhead.upstream import COMPLETION_TOKENS
 
 REPO = Path(__file__).resolve().parents[2]
-PATHS = ("direct", "passthrough", "gateway")
+PATHS = ("direct", "passthrough", "gateway", "gateway-redis")
 
 
 def test_quick_run_writes_sane_results(tmp_path: Path) -> None:
     command = [
         *(sys.executable, "-m", "bench.gateway_overhead", "--quick"),
-        *("--paths", "passthrough,gateway", "--profile", "never", "--output-dir", str(tmp_path)),
+        *("--paths", "passthrough,gateway,gateway-redis", "--profile", "never"),
+        *("--output-dir", str(tmp_path)),
     ]
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -47,9 +51,40 @@ def test_quick_run_writes_sane_results(tmp_path: Path) -> None:
     assert set(verdicts.values()) <= {"pass", "MISS", "not measured"}
     assert any("LiteLLM" in target for target, v in verdicts.items() if v == "not measured")
 
+    # The Redis store: measured in the same rounds, with Redis's own command counters.
+    redis_path = doc["paths"]["gateway-redis"]
+    redis = redis_path["summary"]
+    # Reserve and finish: one EVALSHA each per request. A finish may land just after a
+    # measurement's last reading (it is counted in the next one), and upkeep (renewals,
+    # reclaims) adds a little: around 2, not exactly.
+    for per in ("req", "stream"):
+        assert 1.9 <= redis[f"redis_evalsha_per_{per}"] <= 2.1, redis_path["redis_commands"]
+        assert redis[f"redis_evalsha_per_{per}"] <= redis[f"redis_round_trips_per_{per}"] <= 2.2
+    # Inside the scripts Redis runs many more (HINCRBY, TIME, ...): not round trips.
+    assert redis["redis_commands_per_req"] > 5
+    assert redis["redis_cpu_us_per_req"] > 0
+    counted = redis_path["redis_commands"]
+    assert counted["requests"] > 0 and counted["evalsha"] >= 1.9 * counted["requests"]
+    assert counted["hincrby"] > 0 and counted["total"] > counted["round_trips"]
+    first = redis_path["runs"]["json"][0]["redis_commands"]
+    assert set(first) >= {"total", "round_trips", "evalsha"}
+    assert "redis_commands" not in doc["paths"]["gateway"]
+    in_process = doc["ratios"]["gateway-redis"]
+    assert in_process["req_share_of_in_process"] > 0
+    assert in_process["streams_share_of_in_process"] > 0
+    assert math.isfinite(in_process["added_p50_ms_vs_in_process"])
+    redis_targets = [t for t in doc["targets"] if t["target"].startswith("Redis store")]
+    assert len(redis_targets) == 3
+    assert all(t["verdict"] in {"pass", "MISS"} for t in redis_targets)
+    pinning = doc["machine"]["pinning"]
+    assert "redis-server on core" in pinning or pinning.startswith("not pinned")
+
     markdown = (tmp_path / "gateway_overhead.md").read_text()
     assert "| our gateway (serving gateway) |" in markdown
+    assert "| our gateway, Redis quota store (--redis-url) |" in markdown
     assert "req/s vs passthrough" in markdown
+    assert "Redis store vs in-process store (same gateway, same rounds):" in markdown
+    assert "Redis round trips per request" in markdown
 
 
 def test_secrets_are_not_recorded() -> None:
@@ -83,3 +118,66 @@ def test_profile_summary_groups_py_spy_stacks() -> None:
     assert areas["gateway code (serving/gateway)"] == 0.1
     inclusive = summary["inclusive"]
     assert inclusive == [{"name": "Proxy.forward (serving/gateway/proxy.py)", "share": 0.4}]
+
+
+def _samples(per_second: float, *, cpu: float, commands: int = 0) -> dict[str, list[Sample]]:
+    """Two runs of each metric: `per_second` requests in 1 s, each with `commands` Redis
+    commands (two thirds EVALSHA), `cpu` of a core for the proxy (and a tenth for Redis)."""
+
+    def one(ok: int, latency_ms: float) -> Sample:
+        sent = {"evalsha": 2 * ok, "hincrby": 10 * ok, "ping": 1} if commands else {}
+        if commands:
+            sent |= {"total": sum(sent.values()), "round_trips": 2 * ok + 1}
+        share = {"proxy": cpu, "upstream": 0.3, "loadgen": 0.5, "machine": 1.5}
+        if commands:
+            share["redis"] = 0.1
+        return Sample(
+            seconds=1.0,
+            ok=ok,
+            errors=0,
+            chunks=21 * ok,
+            latencies_ms=[latency_ms] * 10,
+            cpu_share=share,
+            answered=ok,
+            commands=sent,
+        )
+
+    n = int(per_second)
+    return {
+        LATENCY: [one(10, 1.0 + commands / 10), one(10, 1.2 + commands / 10)],
+        JSON: [one(n, 1.0), one(n, 1.0)],
+        STREAM: [one(n // 2, 1.0), one(n // 2, 1.0)],
+    }
+
+
+def test_redis_row_ratio_and_round_trips_in_the_results() -> None:
+    in_process, redis = _samples(1000, cpu=0.9), _samples(800, cpu=0.95, commands=2)
+    summaries = {"gateway": report.summarise(in_process), "gateway-redis": report.summarise(redis)}
+    assert "redis_commands_per_req" not in summaries["gateway"]
+    s = summaries["gateway-redis"]
+    assert s["redis_evalsha_per_req"] == 2.0 and s["redis_round_trips_per_req"] == 2.00125
+    assert s["redis_commands_per_req"] == 12.00125
+    assert s["redis_cpu_us_per_req"] == 0.1 / 800 * 1e6
+
+    ratios = report.ratios(summaries)
+    r = ratios["gateway-redis"]
+    assert r["req_share_of_in_process"] == 0.8 and r["streams_share_of_in_process"] == 0.8
+    assert round(r["added_p50_ms_vs_in_process"], 6) == 0.2
+    verdicts = [t["verdict"] for t in report.redis_targets(ratios, s["redis_round_trips_per_req"])]
+    assert verdicts == ["pass", "pass", "pass"]
+    below = report.redis_targets({"gateway-redis": {"req_share_of_in_process": 0.6}}, 3.0)
+    assert [t["verdict"] for t in below] == ["MISS", "not measured", "MISS"]
+
+    paths: dict[str, dict[str, Any]] = {
+        name: {"label": name, "summary": summaries[name], "runs": {}}
+        for name in ("gateway", "gateway-redis")
+    }
+    paths["gateway-redis"]["redis_commands"] = report.commands_by_name(redis)
+    assert paths["gateway-redis"]["redis_commands"]["requests"] == 20 + 1600 + 800
+    doc = {"paths": paths, "ratios": ratios}
+    text = "\n".join(table.local_table(doc))
+    assert "| gateway-redis |" in text
+    assert "80% of the req/s, 80% of the streams/s, +0.20 ms p50" in text
+    assert "one at a time. " in text and "2.001 at 32 concurrent (2.000 of them EVALSHA)" in text
+    assert "4,846 round trips (evalsha 4,840, ping 6)" in text
+    assert "24,200 more commands (hincrby 24,200), 12.0 per request" in text
