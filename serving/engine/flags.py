@@ -126,16 +126,18 @@ def render(
     """The full command that starts vLLM's OpenAI server for `profile`."""
     argv = [sys.executable, "-m", VLLM_SERVER_MODULE]
     argv += engine_args(profile, model_path, host=host, port=port)
-    # Nothing may download weights at run time; real hub names work where users allow it.
-    env = engine_env(profile, offline=profile.builtin_model is not None)
-    return EngineCommand(argv=argv, env=env)
+    return EngineCommand(argv=argv, env=engine_env(profile))
 
 
-def engine_env(profile: Profile, *, offline: bool) -> dict[str, str]:
+def engine_env(profile: Profile, *, offline: bool | None = None) -> dict[str, str]:
     """The variables vLLM runs with for `profile`: its `env`, then defaults it may override.
 
     `offline` keeps the Hugging Face libraries off the network (weights are already local:
-    a built model, or a Kubernetes pod whose init container fetched them)."""
+    a built model, or a Kubernetes pod whose init container fetched them). By default only
+    built models are: nothing may download weights at run time, and real hub names work
+    where users allow it."""
+    if offline is None:
+        offline = profile.builtin_model is not None
     env = dict(profile.env)
     # vLLM's own usage reporting would try to reach the network.
     env.setdefault("VLLM_NO_USAGE_STATS", "1")

@@ -12,6 +12,7 @@ import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from serving.engine.flags import engine_env
 from serving.engine.hf_cache import (
     cached_checkpoint,
     hub_cache_dir,
@@ -29,10 +30,11 @@ Warn = Callable[[str], None]
 GpuCounter = Callable[[Mapping[str, str]], VisibleGpus]
 
 
-def engine_env(profile: Profile) -> dict[str, str]:
-    """The environment vLLM will run in: a profile's `env` may set CUDA_VISIBLE_DEVICES or
-    HF_HUB_OFFLINE, and those are what vLLM obeys."""
-    return {**os.environ, **profile.env}
+def process_env(profile: Profile) -> dict[str, str]:
+    """The environment vLLM will run in (what `flags.render` adds to this process's): a
+    profile's `env` may set CUDA_VISIBLE_DEVICES or HF_HUB_OFFLINE, and those are what vLLM
+    obeys."""
+    return {**os.environ, **engine_env(profile)}
 
 
 def check_gpus(profile: Profile, env: Mapping[str, str], gpus: GpuCounter = visible_gpus) -> None:
@@ -91,7 +93,7 @@ def preflight(
 ) -> Plan | None:
     """Raise a one-line ServingError naming why `profile` cannot start here; None if the
     memory is not plannable. `env` defaults to the engine's; `gpus` counts visible GPUs."""
-    env = engine_env(profile) if env is None else env
+    env = process_env(profile) if env is None else env
     check_gpus(profile, env, gpus)
     check_weights(model_path, env, warn)
     plan = plan_profile(profile, model_path)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from serving.engine.preflight import engine_env, plan_profile, preflight
+from serving.engine.preflight import plan_profile, preflight, process_env
 from serving.engine.visible_gpus import OVERRIDE_ENV, VisibleGpus
 from serving.errors import ServingError
 from serving.profiles import load_all_profiles
@@ -152,7 +152,7 @@ def test_the_engine_environment_is_what_the_checks_read(monkeypatch: pytest.Monk
         {**TP4, "env": {"CUDA_VISIBLE_DEVICES": "0", "HF_HUB_OFFLINE": "1"}},
         source="x.yaml", default_name="masked",
     )  # fmt: skip
-    env = engine_env(profile)
+    env = process_env(profile)
     assert env["CUDA_VISIBLE_DEVICES"] == "0" and env["HF_HUB_OFFLINE"] == "1"
 
 
