@@ -88,7 +88,9 @@ def test_disconnect_mid_stream_frees_slot_and_engine_and_charges_once(stack: Sta
         extra_body={"ignore_eos": True},
     )  # fmt: skip
     assert read_tokens(stream) == 3
-    assert running_requests(stack.engine_url) >= 1
+    # vLLM sets its gauges after each engine step: wait for the step (the request runs on
+    # for 1,800 tokens), never read one sample (it read 0 once on a starved machine).
+    eventually(lambda: running_requests(stack.engine_url) >= 1)
     stream.close()
     eventually(lambda: idle(stack))
     completion = charged(stack, key_id, "completion")
@@ -107,11 +109,15 @@ def test_disconnect_mid_stream_frees_slot_and_engine_and_charges_once(stack: Sta
 def test_disconnect_on_a_non_streaming_call(stack: Stack) -> None:
     key_id, secret = create_key(stack, "case-5-json", "--max-concurrency", "1")
     payload = {"model": MODEL, "messages": LONG, "max_tokens": 1800, "ignore_eos": True}
-    with pytest.raises(httpx.TimeoutException):
-        httpx.post(
+    try:
+        early = httpx.post(
             f"{stack.gateway_url}/v1/chat/completions", json=payload, timeout=0.5,
             headers={"Authorization": f"Bearer {secret}"},
         )  # fmt: skip
+    except httpx.TimeoutException:
+        pass  # the client gave up mid-generation, as it should here
+    else:  # say what came back instead (this failed once in CI, unexplained)
+        pytest.fail(f"answered within 0.5 s: {early.status_code} {early.text[:300]}")
     eventually(lambda: idle(stack))
     # Nothing was seen, so the reservation is charged: never less than vLLM could have made.
     assert charged(stack, key_id, "completion") == 1800
