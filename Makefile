@@ -10,10 +10,12 @@ PROFILE ?= cpu-tiny
 # The stack's ports: `make up PORT=9000 ENGINE_PORT=9001` (the launcher's metrics: ENGINE_PORT+1).
 PORT ?= 8000
 ENGINE_PORT ?= 8001
+# vLLM engines `make up` runs, the gateway routing over them: `make up REPLICAS=2`.
+REPLICAS ?= 1
 # `make monitor`'s Prometheus (http://127.0.0.1:$(PROM_PORT)).
 PROM_PORT ?= 9090
 
-.PHONY: up monitor test lint typecheck unit integration venv system-deps k8s-tools k8s-check loadtest loadtest-crosscheck loadtest-memory bench clean
+.PHONY: up monitor test lint typecheck unit integration venv system-deps k8s-tools k8s-check loadtest loadtest-crosscheck loadtest-memory bench bench-routing clean
 
 venv: $(STAMP)
 
@@ -63,7 +65,8 @@ k8s-check: $(STAMP) $(K8S_STAMP)
 	$(BIN)/python -m pytest -q tests/k8s tests/monitoring/test_kubernetes.py
 
 up: $(STAMP)
-	$(BIN)/serving up --profile $(PROFILE) --port $(PORT) --engine-port $(ENGINE_PORT)
+	$(BIN)/serving up --profile $(PROFILE) --port $(PORT) --engine-port $(ENGINE_PORT) \
+	  --replicas $(REPLICAS)
 
 # Debian's Prometheus with monitoring/prometheus/ (scrape config, rules, alerts), scraping the
 # stack `make up` runs on $(PORT)/$(ENGINE_PORT) (start it in another terminal); data in
@@ -114,6 +117,11 @@ loadtest-memory: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.gateway_overhead
+
+# Routing over two engines: the gateway's own routing vs vLLM's router (overhead in front of
+# fast upstreams; vLLM's prefix cache hit rate on two real CPU engines), ~10 min.
+bench-routing: $(STAMP)
+	$(BIN)/python -m bench.routing
 
 clean:
 	rm -rf $(VENV) var .mypy_cache .ruff_cache .pytest_cache

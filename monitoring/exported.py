@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib.util
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 from prometheus_client import generate_latest
@@ -39,8 +40,19 @@ def sample_names(exposition: str) -> set[str]:
     }
 
 
+@dataclass(frozen=True)
+class _Engine:
+    """An engine as the gateway's metrics read it (`serving.gateway.routing.Engine`)."""
+
+    label: str = "0"
+    in_rotation: bool = True
+    in_flight: int = 0
+    requests: int = 1
+    failovers: int = 0
+
+
 def gateway_names() -> set[str]:
-    metrics = GatewayMetrics()
+    metrics = GatewayMetrics(engines=[_Engine()])
     served = RequestRecord(
         started=1.0, key="key_a", model="qwen3-tiny", status=200, prompt_tokens=12,
         completion_tokens=4, upstream_error="in_band", forwarded_at=1.001, first_byte_at=1.2,

@@ -2,6 +2,10 @@
 
 vLLM listens on loopback only; the gateway is the one port clients use. Ctrl-C (or SIGTERM)
 stops the gateway first, so no new request reaches an engine that is going away.
+
+`--replicas N` runs N engines of the profile, each supervised on its own pair of ports
+(engine port + 2i, its launcher metrics on the next one), and the gateway routes over all of
+them (`--routing`): the scale-out topology on one machine, for trying it out.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 from serving.engine.command import (
     DEFAULT_ENGINE_PORT,
@@ -22,6 +27,7 @@ from serving.engine.command import (
 )
 from serving.engine.load_stats import LoadStats
 from serving.engine.process import http_ok
+from serving.engine.supervisor import Supervisor
 from serving.errors import ServingError
 from serving.gateway.settings import API_KEY_ENV, split_dev_keys
 from serving.paths import dev_api_key_path, keys_db_path, logs_dir
@@ -33,8 +39,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--profile", default="cpu-tiny", help="profile name or YAML path")
     parser.add_argument("--host", default="127.0.0.1", help="address the gateway binds")
     parser.add_argument("--port", type=int, default=8000, help="gateway port")
-    parser.add_argument("--engine-port", type=int, default=DEFAULT_ENGINE_PORT)
+    parser.add_argument(
+        "--engine-port",
+        type=int,
+        default=DEFAULT_ENGINE_PORT,
+        help="the first engine's port; engine i listens on this + 2i (default: %(default)s)",
+    )
     add_metrics_port_argument(parser)
+    parser.add_argument(
+        "--replicas",
+        type=_replica_count,
+        default=1,
+        metavar="N",
+        help="vLLM engines to run, the gateway routing over them (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--routing",
+        choices=("affinity", "least-loaded", "round-robin"),
+        default="affinity",
+        help="how the gateway spreads requests over the engines (default: %(default)s)",
+    )
     parser.add_argument(
         "--keys-db",
         default=None,
@@ -42,6 +66,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="key store the gateway uses, as written by `serving keys create --store PATH` "
         f"(default: {keys_db_path()}, where `serving keys` writes)",
     )
+
+
+def _replica_count(text: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= 16:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of engines from 1 to 16")
+    return int(text)
 
 
 def dev_api_key() -> str:
@@ -62,15 +92,21 @@ def dev_api_key() -> str:
 
 
 def start_gateway(
-    upstream: str, host: str, port: int, api_key: str, keys_db: str | None = None
+    upstream: str,
+    host: str,
+    port: int,
+    api_key: str,
+    keys_db: str | None = None,
+    routing: str = "affinity",
 ) -> subprocess.Popen[bytes]:
-    """The gateway in front of `upstream`: keys from `keys_db` (default `paths.keys_db_path()`,
-    managed with `serving keys`) plus the development key `api_key` (public id `dev`; the
-    keys of a configured SERVING_API_KEY all stay valid)."""
+    """The gateway in front of `upstream` (one engine's URL, or several comma-separated):
+    keys from `keys_db` (default `paths.keys_db_path()`, managed with `serving keys`) plus
+    the development key `api_key` (public id `dev`; the keys of a configured SERVING_API_KEY
+    all stay valid)."""
     log_path = logs_dir() / "gateway.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     argv = [sys.executable, "-m", "serving.cli", "gateway", "--upstream", upstream]
-    argv += ["--host", host, "--port", str(port)]
+    argv += ["--host", host, "--port", str(port), "--routing", routing]
     argv += ["--keys-db", keys_db or str(keys_db_path())]
     # No load balancer watches /readyz here: stop at once on SIGTERM (in-flight requests
     # still finish).
@@ -100,11 +136,13 @@ def banner(
     profile: str,
     load: LoadStats | None = None,
     launcher_metrics: str | None = None,
+    engines: int = 1,
 ) -> str:
     load_line = f"\nModel load: {load.describe()}." if load is not None else ""
     launcher_line = f"\n  engine launcher metrics: {launcher_metrics}" if launcher_metrics else ""
+    what = "vLLM" if engines == 1 else f"{engines} vLLM engines (the gateway routes over them)"
     return f"""
-Serving {model} (profile {profile}); vLLM became healthy in {engine_seconds:.1f}s.{load_line}
+Serving {model} (profile {profile}); {what} became healthy in {engine_seconds:.1f}s.{load_line}
 
   API:      {url}/v1
   API key:  {api_key}
@@ -141,25 +179,41 @@ def run(args: argparse.Namespace) -> int:
     profile = load_profile(args.profile)
     api_key = dev_api_key()
     install_stop_handlers()
-    supervisor = build_supervisor(profile, host="127.0.0.1", port=args.engine_port)
+    ports = [args.engine_port + 2 * replica for replica in range(args.replicas)]
+    supervisors = [
+        build_supervisor(
+            profile,
+            host="127.0.0.1",
+            port=port,
+            log_file=None if len(ports) == 1 else str(engine_log(profile.name, replica)),
+        )
+        for replica, port in enumerate(ports)
+    ]
     launcher_port = metrics_port(args, args.engine_port)
-    launcher_url = None
+    launcher_urls: list[str] = []
     if launcher_port:
-        serve_launcher_metrics(supervisor, profile, host="127.0.0.1", port=launcher_port)
-        launcher_url = f"http://127.0.0.1:{launcher_port}/metrics"
+        for replica, supervisor in enumerate(supervisors):
+            port = launcher_port + 2 * replica
+            serve_launcher_metrics(supervisor, profile, host="127.0.0.1", port=port)
+            launcher_urls.append(f"http://127.0.0.1:{port}/metrics")
     gateway: subprocess.Popen[bytes] | None = None
     watch_error: list[BaseException] = []
 
-    def watch() -> None:
+    def watch(supervisor: Supervisor) -> None:
         try:
             supervisor.watch()
         except ServingError as exc:
             watch_error.append(exc)
 
     try:
-        engine_seconds = supervisor.start()
-        upstream = f"http://127.0.0.1:{args.engine_port}"
-        gateway = start_gateway(upstream, args.host, args.port, api_key, args.keys_db)
+        for supervisor in supervisors:  # the engines load side by side
+            supervisor.launch()
+        engine_seconds = max(supervisor.wait_started() for supervisor in supervisors)
+        upstream = ",".join(f"http://127.0.0.1:{port}" for port in ports)
+        gateway = start_gateway(
+            upstream, args.host, args.port, api_key, args.keys_db, routing=args.routing
+        )
+        first = supervisors[0].current
         print(
             banner(
                 f"http://{args.host}:{args.port}",
@@ -167,14 +221,21 @@ def run(args: argparse.Namespace) -> int:
                 api_key,
                 engine_seconds,
                 profile.name,
-                supervisor.current.load_stats if supervisor.current else None,
-                launcher_url,
+                first.load_stats if first else None,
+                " ".join(launcher_urls) or None,
+                engines=len(supervisors),
             ),
             flush=True,
         )
-        watcher = threading.Thread(target=watch, name="engine-supervisor", daemon=True)
-        watcher.start()
-        while watcher.is_alive():
+        watchers = [
+            threading.Thread(
+                target=watch, args=(supervisor,), name="engine-supervisor", daemon=True
+            )
+            for supervisor in supervisors
+        ]
+        for watcher in watchers:
+            watcher.start()
+        while all(watcher.is_alive() for watcher in watchers):
             if gateway.poll() is not None:
                 raise ServingError(
                     f"gateway exited with code {gateway.returncode}; "
@@ -188,8 +249,14 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if gateway is not None:
             _stop_gateway(gateway)
-        supervisor.stop()
+        for supervisor in supervisors:
+            supervisor.stop()
     return 0
+
+
+def engine_log(profile: str, replica: int) -> Path:
+    """Replica `replica`'s vLLM log when `serving up` runs several."""
+    return logs_dir() / f"engine-{profile}-{replica}.log"
 
 
 __all__ = ["add_arguments", "dev_api_key", "run"]

@@ -27,6 +27,8 @@ RATE_HZ = 250
 _FRAME = re.compile(r"^(?P<func>.*) \((?P<file>[^()]*?)(?::\d+)?\)$")
 # First matching fragment of the file path names the area.
 AREAS = (
+    # The quota store's own Redis client, apart from the rest of the gateway's code.
+    ("serving/gateway/quota/redis_c", "Redis client (serving/gateway/quota/redis_c*)"),
     ("serving/gateway/", "gateway code (serving/gateway)"),
     ("serving/", "serving (other)"),
     ("aiohttp/", "aiohttp (upstream client)"),
@@ -35,7 +37,7 @@ AREAS = (
     ("uvicorn/", "uvicorn (HTTP server)"),
     ("prometheus_client/", "prometheus_client (metrics)"),
     ("sqlite3/", "sqlite3 (key store)"),
-    ("redis/", "redis-py (quota store client)"),
+    ("redis/", "redis-py"),
     ("json/", "json"),
     ("logging/", "logging"),
     ("asyncio/runners.py", "event loop + C I/O (uvloop, httptools)"),

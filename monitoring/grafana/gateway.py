@@ -234,10 +234,49 @@ def build() -> dict[str, Any]:
             "Upstream healthy",
             UP,
             [Query(f"min by (instance) (gateway_upstream_healthy{{{GATEWAYS}}})", "{{instance}}")],
-            description="1 when the upstream's /health answered 200 at the gateway's last check.",
+            description="1 while at least one engine is in the gateway's rotation.",
             width=8,
             height=8,
             mappings={"0": ("down", "red"), "1": ("up", "green")},
+        )
+    )
+    board.add(
+        timeseries_panel(
+            "Engines in rotation per gateway",
+            "short",
+            [
+                Query(
+                    f"sum by (instance) (gateway_engine_in_rotation{{{GATEWAYS}}})",
+                    "{{instance}}",
+                )
+            ],
+            description=(
+                "Engines (--upstream) getting requests: /health passed and no connect failed "
+                "since. Fewer than configured: an engine is down or restarting."
+            ),
+            width=8,
+        )
+    )
+    board.add(
+        timeseries_panel(
+            "Requests per second by engine",
+            EVENTS_PER_S,
+            [
+                Query(
+                    _sum_rate("gateway_engine_requests_total", GATEWAYS, "engine"),
+                    "engine {{engine}}",
+                ),
+                Query(
+                    _sum_rate("gateway_engine_failovers_total", GATEWAYS, "engine"),
+                    "failovers from engine {{engine}}",
+                ),
+            ],
+            description=(
+                "How the gateways spread requests over the engines (label: position in "
+                "--upstream), and requests that failed on an engine before a response and were "
+                "sent to another."
+            ),
+            width=8,
         )
     )
     board.add(

@@ -55,6 +55,7 @@ SCRAPED: tuple[Scraped, ...] = (
     Scraped("gateway_quota_rejections", "counter", GATEWAY),
     Scraped("gateway_added_latency_seconds", "histogram", GATEWAY),
     Scraped("gateway_upstream_healthy", "gauge", GATEWAY),
+    Scraped("gateway_engine_in_rotation", "gauge", GATEWAY),
     Scraped("gateway_budget_flush_failures", "counter", GATEWAY),
     # vLLM (labels: model_name, engine)
     Scraped("vllm:prompt_tokens", "counter", ENGINE),

@@ -45,8 +45,19 @@ class Supervisor:
 
     def start(self) -> float:
         """Start the server and wait until it is healthy; returns the start-up seconds."""
+        self.launch()
+        return self.wait_started()
+
+    def launch(self) -> None:
+        """Start the server without waiting (`wait_started` waits): several engines load at
+        once."""
         self.current = self.make_process()
         self.current.start()
+
+    def wait_started(self) -> float:
+        """Wait until the launched server is healthy; returns the start-up seconds."""
+        if self.current is None:
+            raise RuntimeError("wait_started() before launch()")
         seconds = self.current.wait_healthy(self.policy.start_timeout_s, self.progress)
         if self.on_started is not None:
             self.on_started(self.current, self.restarts > 0)

@@ -4,10 +4,11 @@
 
 Routes:
 - ``/healthz``  the process is alive (no auth, no upstream call);
-- ``/readyz``   200 when the health monitor's last check of the upstream's ``/health``
-                passed, the shared quota store (Redis, when set) answers or its failure
-                policy is `local`, and the gateway is not draining, else 503 (no auth; it
-                never calls the upstream or Redis itself);
+- ``/readyz``   200 when an engine is in the rotation (the health monitor's last probe of
+                its ``/health`` passed), the shared quota store (Redis, when set) answers or
+                its failure policy is `local`, the keys kept in Redis (when set) have been
+                loaded once, and the gateway is not draining, else 503 (no auth; it never
+                calls an engine or Redis itself);
 - ``/metrics``  Prometheus text format (no auth: scraped by Prometheus/Kubernetes; it holds
                 public key ids, never secrets);
 - ``/v1/...``   behind an API key. POST /v1/chat/completions and /v1/completions (with or
@@ -16,12 +17,14 @@ Routes:
                 with limits or a model list may only use the metered paths and GET /v1/models;
 - anything else: 404 in OpenAI error shape.
 
-Everything lives on the app object (no globals): key stores, quota engine, metrics registry.
+Everything lives on the app object (no globals): key stores, quota engine, the router over
+the engines (`routing`), metrics registry.
 Quota counters live in this process (`InMemoryQuotaStore`, budgets journaled to keys.db) or,
 with `redis_url`, in Redis shared by the replicas (`RedisQuotaStore` behind the
-`redis_failure_policy`). The ASGI lifespan opens the upstream session, checks Redis and
-starts the two background jobs at startup (the upstream health check; lease upkeep, which
-also probes Redis and delivers lease endings that waited for it), and stops them, drains the
+`redis_failure_policy`); with it, API keys kept in Redis are read too (`keys.redis_refresh`).
+The ASGI lifespan loads those keys, opens each engine's client, checks Redis and starts the
+background jobs at startup (the engines' health checks; lease upkeep, which also probes Redis
+and delivers lease endings that waited for it; the key refresh), and stops them, drains the
 budget journal and closes the stores at shutdown.
 """
 
@@ -57,6 +60,8 @@ from serving.gateway.errors import (
 from serving.gateway.forwarded_headers import REQUEST_ID, request_id
 from serving.gateway.health import HealthMonitor
 from serving.gateway.keys import FileKeyStore, KeyStore, SqliteKeyStore
+from serving.gateway.keys.redis_refresh import RedisKeyRefresh
+from serving.gateway.keys.redis_store import KeyStoreUnavailable
 from serving.gateway.metrics import CONTENT_TYPE, GatewayMetrics, RequestRecord
 from serving.gateway.openai_request import completion_route
 from serving.gateway.periodic import Periodic
@@ -73,6 +78,7 @@ from serving.gateway.quota import (
 from serving.gateway.quota.failure_policy import FailurePolicy, GuardedQuotaStore
 from serving.gateway.quota.redis_store import RedisQuotaStore
 from serving.gateway.responses import send_bytes, send_error, send_json
+from serving.gateway.routing import Engine, Router
 from serving.gateway.settings import GatewaySettings
 from serving.gateway.types import RawHeaders, Receive, Scope, Send
 from serving.gateway.upstream import UpstreamClient
@@ -98,6 +104,9 @@ def create_app(
 
 
 class GatewayApp:
+    # Set by `_build_authenticator` when keys live in Redis too; run by the lifespan.
+    key_refresh: RedisKeyRefresh | None = None
+
     def __init__(
         self,
         settings: GatewaySettings,
@@ -109,7 +118,14 @@ class GatewayApp:
         self.draining = False
         self._closers: list[Callable[[], None]] = []
         self._async_closers: list[Callable[[], Awaitable[None]]] = []
-        self.upstream = UpstreamClient(settings)
+        self.router = Router(
+            [
+                Engine(index, UpstreamClient(settings, url))
+                for index, url in enumerate(settings.upstream_urls)
+            ],
+            policy=settings.routing,
+            overload=settings.routing_overload,
+        )
         self.authenticator = authenticator or self._build_authenticator()
         journal = None
         self.shared_quota: GuardedQuotaStore | None = None
@@ -140,12 +156,13 @@ class GatewayApp:
             budget_flush_failures=journal.failures if journal is not None else lambda: 0,
             quota_store_up=(lambda: shared_quota.up) if shared_quota else lambda: True,
             quota_store_errors=(lambda: shared_quota.errors) if shared_quota else lambda: 0,
+            engines=self.router.engines,
         )
         self.catalog = ModelCatalog()
-        self.proxy = Proxy(self.upstream, retry_after_s=settings.retry_after_s)
+        self.proxy = Proxy(self.router, retry_after_s=settings.retry_after_s)
         self.completions = Completions(self.quota, self.proxy, self.catalog)
         self.health = HealthMonitor(
-            self.upstream, self.catalog, self.metrics, interval_s=settings.health_interval_s
+            self.router, self.catalog, self.metrics, interval_s=settings.health_interval_s
         )
         # Running requests renew their leases well before the TTL; leaked ones are reclaimed.
         upkeep_every = min(settings.health_interval_s, settings.lease_ttl_s / 3)
@@ -158,6 +175,11 @@ class GatewayApp:
             stores.append(SqliteKeyStore(Path(settings.keys_db)))
         if settings.keys_file:
             stores.append(FileKeyStore(Path(settings.keys_file)))
+        if settings.redis_url:
+            # The replicas' shared keys (`serving keys --redis-url`): a snapshot in memory,
+            # loaded at startup and refreshed every second by the lifespan.
+            self.key_refresh = RedisKeyRefresh.from_url(settings.redis_url)
+            stores.append(self.key_refresh.store)
         dev = StaticKeyAuthenticator(settings.api_key_digests) if settings.api_key_digests else None
         authenticator = KeyStoreAuthenticator(stores, dev=dev)
         self._closers.append(authenticator.close)
@@ -189,7 +211,10 @@ class GatewayApp:
             message = await receive()
             if message["type"] == "lifespan.startup":
                 try:
-                    await self.upstream.start()
+                    if self.key_refresh is not None:
+                        await self._load_keys()  # the keys before traffic
+                    for engine in self.router.engines:
+                        await engine.client.start()
                     await self.health.check()  # model list and health before traffic
                     if self.shared_quota is not None:
                         await self.shared_quota.check()  # down is not fatal: the policy holds
@@ -198,11 +223,16 @@ class GatewayApp:
                     return
                 self.health.start()
                 self.lease_upkeep.start()
+                if self.key_refresh is not None:
+                    self.key_refresh.start()
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
                 await self.health.stop()
                 await self.lease_upkeep.stop()
-                await self.upstream.close()
+                if self.key_refresh is not None:
+                    await self.key_refresh.stop()
+                for engine in self.router.engines:
+                    await engine.client.close()
                 if self.shared_quota is not None:
                     await self.shared_quota.check()  # last chance for endings that waited
                 for close_async in self._async_closers:
@@ -312,9 +342,18 @@ class GatewayApp:
         record.note_exchange(outcome)
         record.upstream_error = upstream_error_kind(outcome.error, outcome.upstream_status, None)
 
+    async def _load_keys(self) -> None:
+        assert self.key_refresh is not None
+        try:
+            await self.key_refresh.load()
+        except KeyStoreUnavailable as exc:  # not fatal: the refresh rounds keep trying
+            logger.warning("%s; /readyz fails until they are loaded", exc)
+
     async def _readyz(self, send: Send, rid: bytes) -> None:
         shared = self.shared_quota
         reason = "draining" if self.draining else self.health.unready_reason
+        if reason is None and self.key_refresh is not None and not self.key_refresh.loaded:
+            reason = "API keys not loaded from Redis yet"
         if reason is None and shared is not None:
             reason = shared.unready_reason
         if reason is None:

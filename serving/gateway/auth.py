@@ -5,8 +5,9 @@
 
 A missing header, a malformed one, another scheme, an unknown key and a revoked key all raise
 the same `AuthenticationError`; the key is never logged, echoed or kept beyond its hash. The
-stores answer revocations at once (SQLite: a `data_version` check at most every 50 ms;
-files: reloaded when they change), so a revoked key stops working in a running gateway.
+stores see revocations soon (SQLite: a `data_version` check at most every 50 ms; files:
+reloaded when they change; Redis: a snapshot refreshed every second), so a revoked key stops
+working in a running gateway.
 
 The caller is a `Caller`: a `keys.KeyRecord` for store keys, a `Principal` for development
 keys (no limits, every model; public id `dev`).

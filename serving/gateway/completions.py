@@ -45,6 +45,7 @@ from serving.gateway.openai_request import (
 from serving.gateway.proxy import Proxy, ProxyOutcome, ProxyRequest
 from serving.gateway.quota import Admission, Lease, QuotaEngine, Refusal, rate_limit_raw_headers
 from serving.gateway.quota.limits import scoped_limits
+from serving.gateway.routing import prefix_hashes, prompt_text
 from serving.gateway.types import Receive, Send
 from serving.gateway.usage import ResponseMeter
 
@@ -85,8 +86,12 @@ class Completions:
             raise refusal_error(decision)
         lease = decision.lease
 
-        # forward
+        # forward (to the engine the router picks: with affinity, by the prompt's prefixes)
         meter = ResponseMeter(strip_usage=parsed.stream and not parsed.client_wants_usage)
+        prefixes: list[int] = []
+        if self._proxy.router.wants_prefixes:
+            text = prompt_text(parsed.kind, parsed.data)
+            prefixes = prefix_hashes(text) if text else []
         upstream_request = ProxyRequest(
             request.method,
             request.target,
@@ -95,6 +100,7 @@ class Completions:
             request.request_id,
             response_headers=rate_limit_raw_headers(decision.rate_limit),
             meter=meter,
+            prefixes=prefixes,
         )
         self._running.add(lease)
         outcome: ProxyOutcome | None = None

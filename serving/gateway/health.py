@@ -1,51 +1,63 @@
-"""What the gateway knows about its upstream's health, refreshed in the background.
+"""What the gateway knows about its engines' health, refreshed in the background.
 
-    monitor = HealthMonitor(upstream, catalog, metrics, interval_s=5)
-    await monitor.check()      # at startup: health, the gauge and the model list
+    monitor = HealthMonitor(router, catalog, metrics, interval_s=5)
+    await monitor.check()      # at startup: health, the gauges and the model list
     monitor.start() ... await monitor.stop()
-    monitor.unready_reason     # None when healthy: what /readyz serves
+    monitor.unready_reason     # None when an engine is in rotation: what /readyz serves
 
-Every `interval_s` the monitor re-checks the upstream's `/health` and, when healthy, its
-`/v1/models` (into the `ModelCatalog`). `/readyz` answers from the last check and never
-calls the upstream itself: an unauthenticated endpoint must not let anyone multiply the
-load on the engine.
+Every `interval_s` the monitor probes every engine's `/health` at once, tells the router
+(an engine failing it leaves the rotation, one passing it comes back; see `Router.probed` for
+probes that time out), and refreshes the
+`ModelCatalog` from the first healthy engine's `/v1/models` (the engines behind one gateway
+serve the same models). `/readyz` answers from the last check and never calls an engine
+itself: an unauthenticated endpoint must not let anyone multiply the load on the engines.
 """
 
 from __future__ import annotations
 
+import asyncio
+
 from serving.gateway.catalog import ModelCatalog
 from serving.gateway.metrics import GatewayMetrics
 from serving.gateway.periodic import Periodic
-from serving.gateway.upstream import UpstreamClient
+from serving.gateway.routing import Router
+from serving.gateway.routing.router import NOT_CHECKED
 
-NOT_CHECKED = "upstream not checked yet"
+__all__ = ["NOT_CHECKED", "HealthMonitor"]
 
 
 class HealthMonitor:
     def __init__(
         self,
-        upstream: UpstreamClient,
+        router: Router,
         catalog: ModelCatalog,
         metrics: GatewayMetrics,
         *,
         interval_s: float,
     ) -> None:
-        self._upstream = upstream
+        self._router = router
         self._catalog = catalog
         self._metrics = metrics
         self._job = Periodic("upstream health check", self.check, interval_s=interval_s)
-        self.unready_reason: str | None = NOT_CHECKED
-        """Why the upstream is not ready as of the last check; None when it is."""
+
+    @property
+    def unready_reason(self) -> str | None:
+        """Why no engine is in the rotation; None while one is."""
+        return self._router.unready_reason
 
     async def check(self) -> None:
-        """Probe health and, when healthy, refresh the model list."""
-        reason = await self._upstream.probe_health()
-        self.unready_reason = reason
-        self._metrics.set_upstream_healthy(reason is None)
-        if reason is None:
-            models = await self._upstream.fetch_models()
-            if models is not None:
-                self._catalog.update(models)
+        """Probe every engine and, from a healthy one, refresh the model list."""
+        engines = self._router.engines
+        probes = await asyncio.gather(*(engine.client.probe_health() for engine in engines))
+        for engine, probe in zip(engines, probes, strict=True):
+            self._router.probed(engine, probe.reason, timed_out=probe.timed_out)
+        self._metrics.set_upstream_healthy(self._router.unready_reason is None)
+        for engine, probe in zip(engines, probes, strict=True):
+            if probe.reason is None:
+                models = await engine.client.fetch_models()
+                if models is not None:
+                    self._catalog.update(models)
+                    break
 
     def start(self) -> None:
         self._job.start()

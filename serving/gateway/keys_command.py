@@ -1,12 +1,16 @@
-"""`serving keys`: create, list, show and revoke API keys in the embedded key store.
+"""`serving keys`: create, list, show and revoke API keys in the embedded key store or Redis.
 
     serving keys create --name team-a --rpm 60 --tpm 20000 --max-concurrency 4
     serving keys create --name team-b --emit-yaml >> keys.yaml   # for a Kubernetes Secret
     serving keys list | show KEY_ID | revoke KEY_ID
+    serving keys create --name team-c --redis-url redis://:PASSWORD@redis:6379/0
 
 Secrets are printed once, at creation; the store keeps only their SHA-256. The default store
 is `serving.paths.keys_db_path()`, the file a gateway started by `serving up` or `make up`
-reads. The store module is imported inside `run`, so `serving --help` stays instant.
+reads. With `--redis-url` every action works on the keys in that Redis instead, the ones
+gateways started with the same `--redis-url` share (`keys.redis_store`); the URL is never
+printed, since it may hold a password. Store modules are imported inside `run`, so
+`serving --help` stays instant and the SQLite path does not import redis-py.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from serving.errors import ServingError
 
 if TYPE_CHECKING:
     from serving.gateway.keys.record import KeyRecord
+    from serving.gateway.keys.store import WritableKeyStore
     from serving.gateway.quota.limits import Limits
 
 # flag -> Limits field
@@ -36,11 +41,19 @@ LIMIT_FLAGS = {
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument(
+    where = common.add_mutually_exclusive_group()
+    where.add_argument(
         "--store",
         type=Path,
         default=None,
         help=f"key database (default: {paths.keys_db_path()}, which the gateway reads)",
+    )
+    where.add_argument(
+        "--redis-url",
+        metavar="URL",
+        default=None,
+        help="the keys in this Redis instead, shared by the gateways given the same "
+        "--redis-url (redis://[:PASSWORD@]HOST[:PORT][/DB]; never printed)",
     )
     actions = parser.add_subparsers(dest="keys_command", required=True, metavar="ACTION")
 
@@ -73,55 +86,65 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from serving.gateway.keys.sqlite_store import SqliteKeyStore
-
     if args.keys_command == "create" and args.emit_yaml:
         return _emit_yaml(args)
+    if args.redis_url is not None:
+        return _run_on_redis(args)
+    from serving.gateway.keys.sqlite_store import SqliteKeyStore
+
     store = SqliteKeyStore(args.store or paths.keys_db_path())
     try:
-        if args.keys_command == "create":
-            name, limits, models, model_limits = _key_fields(args)
-            record, secret = store.create(
-                name, limits=limits, models=models, model_limits=model_limits
-            )
-            print(f"created {record.key_id} ({record.name}) in {store.path}")
-            print(f"secret: {secret}")
-            print("the secret is shown only now: only its hash is stored")
-        elif args.keys_command == "list":
-            _print_table(store.list_keys())
-        elif args.keys_command == "show":
-            _check_key_id(args.key_id)
-            _print_record(_existing(store.get(args.key_id), args.key_id, store.path))
-        elif args.keys_command == "revoke":
-            _check_key_id(args.key_id)
-            record = store.revoke(args.key_id)
-            print(f"revoked {record.key_id} ({record.name})")
+        return _act(store, args)
     finally:
         store.close()
+
+
+def _run_on_redis(args: argparse.Namespace) -> int:
+    from serving.gateway.keys.redis_store import KeyStoreUnavailable, RedisKeyStore
+
+    try:
+        store = RedisKeyStore.from_url(args.redis_url)
+    except ServingError as exc:  # a bad URL; the message does not quote it
+        raise ServingError(f"--redis-url: {exc}") from None
+    try:
+        store.refresh()  # the keys as they are now: `list` and `show` read this snapshot
+        return _act(store, args)
+    except KeyStoreUnavailable as exc:
+        raise ServingError(f"--redis-url: {exc}") from None
+    finally:
+        store.close()
+
+
+def _act(store: WritableKeyStore, args: argparse.Namespace) -> int:
+    if args.keys_command == "create":
+        name, limits, models, model_limits = _key_fields(args)
+        record, secret = store.create(name, limits=limits, models=models, model_limits=model_limits)
+        print(f"created {record.key_id} ({record.name}) in {store.location}")
+        print(f"secret: {secret}")
+        print("the secret is shown only now: only its hash is stored")
+    elif args.keys_command == "list":
+        _print_table(store.list_keys())
+    elif args.keys_command == "show":
+        _check_key_id(args.key_id)
+        _print_record(_existing(store.get(args.key_id), args.key_id, store.location))
+    elif args.keys_command == "revoke":
+        _check_key_id(args.key_id)
+        record = store.revoke(args.key_id)
+        print(f"revoked {record.key_id} ({record.name})")
     return 0
 
 
 def _emit_yaml(args: argparse.Namespace) -> int:
-    from datetime import UTC, datetime
-
-    from serving.gateway.keys.credentials import hash_secret, new_secret
     from serving.gateway.keys.file_store import render_keys_yaml
-    from serving.gateway.keys.record import KeyRecord
+    from serving.gateway.keys.record import new_records
 
     name, limits, models, model_limits = _key_fields(args)
-    key_id, secret = new_secret()
-    record = KeyRecord(
-        key_id=key_id,
-        name=name,
-        secret_sha256=hash_secret(secret),
-        created_at=datetime.now(UTC).replace(microsecond=0),
-        limits=limits,
-        models=models,
-        model_limits=model_limits,
+    record, secret = next(
+        new_records(name, limits=limits, models=models, model_limits=model_limits)
     )
     # The YAML goes to stdout so it can be redirected into a file; the secret to the terminal.
     sys.stdout.write(render_keys_yaml([record]))
-    print(f"created {key_id} ({record.name}); secret: {secret}", file=sys.stderr)
+    print(f"created {record.key_id} ({record.name}); secret: {secret}", file=sys.stderr)
     print("the secret is shown only now: only its hash is in the YAML", file=sys.stderr)
     return 0
 
@@ -193,9 +216,9 @@ def _check_key_id(key_id: str) -> None:
         raise ServingError(f"KEY_ID {key_id!r} is not a key id (expected e.g. key_ab12cd34)")
 
 
-def _existing(record: KeyRecord | None, key_id: str, path: Path) -> KeyRecord:
+def _existing(record: KeyRecord | None, key_id: str, location: str) -> KeyRecord:
     if record is None:
-        raise ServingError(f"KEY_ID {key_id!r}: no such key in {path}")
+        raise ServingError(f"KEY_ID {key_id!r}: no such key in {location}")
     return record
 
 

@@ -5,7 +5,8 @@
     metrics.observe(record, ended=time.perf_counter())    # once, when the request is done
     body = metrics.render()                               # GET /metrics
 
-Series (labels use the key's public id and the model, never a secret):
+Series (labels use the key's public id, the model and the engine's position in --upstream,
+never a secret or an address):
     gateway_requests_total{key,model,status}       status: the HTTP status sent; 499 when the
                                                    client left before a response was sent
     gateway_request_duration_seconds{model}        gateway entry to last byte
@@ -15,7 +16,13 @@ Series (labels use the key's public id and the model, never a secret):
     gateway_in_flight_requests                     /v1 requests being handled
     gateway_upstream_errors_total{kind}            connect|timeout|reset|status_5xx|in_band|
                                                    bad_json|bad_sse|missing_usage
-    gateway_upstream_healthy                       1 when the upstream's /health answers 200
+    gateway_upstream_healthy                       1 while an engine is in the rotation
+    gateway_engine_in_rotation{engine}             1 while that engine gets requests (its
+                                                   /health passed and no connect failed since)
+    gateway_engine_in_flight_requests{engine}      requests this gateway has on that engine
+    gateway_engine_requests_total{engine}          requests sent to it (failover attempts too)
+    gateway_engine_failovers_total{engine}         requests that failed on it before a response
+                                                   and were sent to another engine
     gateway_added_latency_seconds                  the gateway's own time: before forwarding
                                                    plus after the upstream was done
     gateway_quota_leases                           quota leases held (0 when idle)
@@ -35,7 +42,7 @@ prometheus_client's locks and label checks.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
@@ -121,6 +128,7 @@ class GatewayMetrics:
         budget_flush_failures: Callable[[], int] = lambda: 0,
         quota_store_up: Callable[[], bool] = lambda: True,
         quota_store_errors: Callable[[], int] = lambda: 0,
+        engines: Sequence[EngineState] = (),
     ) -> None:
         self.requests: dict[tuple[str, str, str], int] = {}
         self.tokens: dict[tuple[str, str, str], int] = {}
@@ -135,6 +143,7 @@ class GatewayMetrics:
         self._budget_flush_failures = budget_flush_failures
         self._quota_store_up = quota_store_up
         self._quota_store_errors = quota_store_errors
+        self._engines = engines
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
 
@@ -205,9 +214,10 @@ class GatewayMetrics:
             "gateway_in_flight_requests", "API requests being handled.", value=self.in_flight
         )
         yield GaugeMetricFamily(
-            "gateway_upstream_healthy", "1 when the upstream's /health answered 200.",
+            "gateway_upstream_healthy", "1 while an engine is in the rotation.",
             value=self.upstream_healthy,
         )  # fmt: skip
+        yield from self._engine_families()
         added = HistogramMetricFamily(
             "gateway_added_latency_seconds",
             "The gateway's own time per request: before forwarding plus after the upstream.",
@@ -232,6 +242,46 @@ class GatewayMetrics:
             "Calls to the shared quota store that failed or ran out of time.",
             value=self._quota_store_errors(),
         )
+
+    def _engine_families(self) -> Iterator[Metric]:
+        rotation = GaugeMetricFamily(
+            "gateway_engine_in_rotation", "1 while the engine gets requests.", labels=("engine",)
+        )
+        in_flight = GaugeMetricFamily(
+            "gateway_engine_in_flight_requests", "Requests this gateway has on the engine.",
+            labels=("engine",),
+        )  # fmt: skip
+        requests = CounterMetricFamily(
+            "gateway_engine_requests", "Requests sent to the engine (failover attempts too).",
+            labels=("engine",),
+        )  # fmt: skip
+        failovers = CounterMetricFamily(
+            "gateway_engine_failovers",
+            "Requests that failed on the engine before a response and went to another one.",
+            labels=("engine",),
+        )
+        for engine in self._engines:
+            label = (engine.label,)
+            rotation.add_metric(label, 1.0 if engine.in_rotation else 0.0)
+            in_flight.add_metric(label, engine.in_flight)
+            requests.add_metric(label, engine.requests)
+            failovers.add_metric(label, engine.failovers)
+        yield from (rotation, in_flight, requests, failovers)
+
+
+class EngineState(Protocol):
+    """What the metrics read of an engine (`routing.Engine`)."""
+
+    @property
+    def label(self) -> str: ...
+    @property
+    def in_rotation(self) -> bool: ...
+    @property
+    def in_flight(self) -> int: ...
+    @property
+    def requests(self) -> int: ...
+    @property
+    def failovers(self) -> int: ...
 
 
 def _add(counts: dict[_K, int], key: _K, amount: int) -> None:

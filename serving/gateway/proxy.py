@@ -1,6 +1,6 @@
 """Forward one request to the upstream and relay the response back as it arrives.
 
-    outcome = await Proxy(client, retry_after_s=1).forward(request, receive, send)
+    outcome = await Proxy(router, retry_after_s=1).forward(request, receive, send)
 
 The exchange with the upstream runs in the request's task while a watcher waits for the
 client's `http.disconnect`: a client that goes away cancels the exchange, which closes the
@@ -21,6 +21,12 @@ How the response is relayed:
   else is wrapped (5xx becomes 502, a 4xx keeps its status);
 - no response at all: the mapped error (503 unreachable, 502 reset, 504 idle timeout).
 
+The router picks the engine (`routing`). A request that gets no response from it, or a 5xx
+before a byte was relayed, is sent once more to another engine in the rotation, if there is
+one (a connect failure also takes the engine out of the rotation); once a byte has reached
+the client nothing is ever replayed. With no engine in the rotation the answer is a 503 at
+once.
+
 Every response the client gets carries `request.response_headers` (the rate-limit state).
 A redirect's `Location` that points at the upstream is made relative, so a client never
 learns the engine's internal address nor goes around the gateway.
@@ -34,20 +40,22 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from serving.gateway.errors import (
     UPSTREAM_FAILURES,
     GatewayError,
+    UpstreamUnavailableError,
     map_upstream_exception,
     openai_error_body,
     wrap_upstream_status,
 )
 from serving.gateway.forwarded_headers import client_response_headers, upstream_request_headers
-from serving.gateway.hop_connection import HopResponse
+from serving.gateway.hop_connection import HopConnectError, HopResponse
 from serving.gateway.responses import send_bytes, send_error
+from serving.gateway.routing import Engine, Router
 from serving.gateway.types import RawHeaders, Receive, Send
-from serving.gateway.upstream import UpstreamClient
 from serving.gateway.usage import ResponseMeter
 
 logger = logging.getLogger(__name__)
@@ -77,6 +85,8 @@ class ProxyRequest:
     """Added to every response the client gets, error or not."""
     meter: ResponseMeter | None = None
     """Reads usage out of 2xx bodies (metered endpoints only)."""
+    prefixes: Sequence[int] = ()
+    """The prompt's prefix hashes, for affinity routing (`routing.prefix_affinity`)."""
 
 
 @dataclass(slots=True)
@@ -97,8 +107,9 @@ class ProxyOutcome:
 
 
 class Proxy:
-    def __init__(self, client: UpstreamClient, *, retry_after_s: int) -> None:
-        self._client = client
+    def __init__(self, router: Router, *, retry_after_s: int) -> None:
+        self.router = router
+        self._router = router
         self._retry_after_s = retry_after_s
         self._running: set[_DisconnectWatch] = set()
         self._tick = 0
@@ -143,30 +154,73 @@ class Proxy:
 
     async def _exchange(self, request: ProxyRequest, send: Send, outcome: ProxyOutcome) -> None:
         outcome.forwarded_at = time.perf_counter()
-        try:
-            response = await self._client.pool.request(
-                request.method,
-                request.target,
-                upstream_request_headers(request.headers, request.request_id),
-                request.body,
-            )
-        except UPSTREAM_FAILURES as exc:
-            await self._fail(exc, request, send, outcome)
+        router = self._router
+        engine = router.choose(request.prefixes)
+        if engine is None:
+            await self._fail(self._no_engine(), request, send, outcome)
             return
-        outcome.upstream_status = response.status
-        try:
-            if response.status >= 400:
-                await self._relay_error(response, request, send, outcome)
-            elif response.content_length is not None and (
-                response.content_length <= WHOLE_BODY_LIMIT
-            ):
-                await self._relay_whole(response, request, send, outcome)
-            else:
-                await self._relay_stream(response, request, send, outcome)
-        finally:
-            # Released (back to the pool) when the body was read to its end; otherwise,
-            # e.g. when cancelled, the connection is closed and the upstream sees it.
-            response.close()
+        header_lines = upstream_request_headers(request.headers, request.request_id)
+        retried = False
+        while True:
+            attempt = engine  # `engine` moves on to the failover target inside the try
+            attempt.requests += 1
+            attempt.in_flight += 1
+            try:
+                try:
+                    response = await engine.client.pool.request(
+                        request.method, request.target, header_lines, request.body
+                    )
+                except UPSTREAM_FAILURES as exc:
+                    if isinstance(exc, HopConnectError):
+                        router.connect_failed(engine)
+                    other = None if retried else router.choose(request.prefixes, exclude=engine)
+                    if other is None:
+                        failure = exc if router.unready_reason is None else self._no_engine()
+                        await self._fail(failure, request, send, outcome)
+                        return
+                    self._failover(engine, other, request, type(exc).__name__)
+                    engine, retried = other, True
+                    continue
+                if response.status >= 500 and not retried:
+                    other = router.choose(request.prefixes, exclude=engine)
+                    if other is not None:
+                        response.close()  # unread: the connection is closed, not reused
+                        self._failover(engine, other, request, f"status {response.status}")
+                        engine, retried = other, True
+                        continue
+                outcome.upstream_status = response.status
+                try:
+                    if response.status >= 400:
+                        await self._relay_error(response, request, send, outcome)
+                    elif response.content_length is not None and (
+                        response.content_length <= WHOLE_BODY_LIMIT
+                    ):
+                        await self._relay_whole(response, request, send, outcome)
+                    else:
+                        await self._relay_stream(response, request, send, outcome)
+                finally:
+                    # Released (back to the pool) when the body was read to its end;
+                    # otherwise, e.g. when cancelled, the connection is closed and the
+                    # upstream sees it.
+                    response.close()
+                return
+            finally:
+                attempt.in_flight -= 1
+
+    def _no_engine(self) -> UpstreamUnavailableError:
+        return UpstreamUnavailableError(
+            "No model server is available; retry later.", retry_after_s=self._retry_after_s
+        )
+
+    def _failover(self, engine: Engine, other: Engine, request: ProxyRequest, why: str) -> None:
+        engine.failovers += 1
+        logger.warning(
+            "request %s: engine %s failed before responding (%s); sent to engine %s",
+            request.request_id.decode(),
+            engine.label,
+            why,
+            other.label,
+        )
 
     async def _relay_whole(
         self,
@@ -285,7 +339,7 @@ class Proxy:
         headers = client_response_headers(response.headers, request.request_id)
         if 300 <= response.status < 400:
             headers = [
-                (name, self._client.gateway_location(value) if name == b"location" else value)
+                (name, self._router.gateway_location(value) if name == b"location" else value)
                 for name, value in headers
             ]
         headers.extend(request.response_headers)

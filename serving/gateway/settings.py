@@ -85,7 +85,8 @@ class GatewaySettings(BaseSettings):
     )
 
     upstream: str
-    """Base URL of the vLLM OpenAI server, e.g. http://127.0.0.1:8001."""
+    """Base URL of the vLLM OpenAI server, e.g. http://127.0.0.1:8001; several engines
+    serving the same model: their URLs comma-separated (see --routing)."""
     api_key_digests: CliSuppress[tuple[Sha256Hex, ...]] = Field(default=(), repr=False)
     """`hash_secret` digests of the development keys (no limits, public id `dev`); set them
     with --api-key or SERVING_API_KEY, never as digests."""
@@ -142,6 +143,14 @@ class GatewaySettings(BaseSettings):
     balancers stop sending traffic before the listener closes (0: close at once)."""
     graceful_shutdown_s: Annotated[int, FlagAlias("--graceful-timeout")] = Field(default=30, ge=0)
     """After the drain delay, how long in-flight requests may finish before they are cut."""
+    routing: Literal["affinity", "least-loaded", "round-robin"] = "affinity"
+    """How requests are spread over several upstream engines: `affinity` sends a prompt to
+    the engine that served its longest prefix (a conversation stays where vLLM's prefix
+    cache holds it) unless that engine is overloaded, else least-loaded; `least-loaded`, the
+    engine with the fewest requests in flight; `round-robin`, each in turn."""
+    routing_overload: int = Field(default=8, ge=0)
+    """With `affinity`: a prompt's engine is passed over while it has this many more requests
+    in flight (from this gateway) than the least-loaded engine."""
     redis_url: NonEmpty | None = Field(default=None, repr=False)
     """Redis holding the quota counters that gateway replicas share, so each key's limits hold
     across all of them (redis://, rediss:// or unix://; may carry a password, so it is never
@@ -159,19 +168,16 @@ class GatewaySettings(BaseSettings):
 
     @field_validator("upstream")
     @classmethod
-    def _check_upstream(cls, url: str) -> str:
-        try:
-            parts = urlsplit(url)
-            port = parts.port
-        except ValueError as exc:
-            raise ValueError(f"not a valid URL ({exc})") from exc
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError("must be an http:// or https:// URL with a host")
-        if parts.query or parts.fragment or parts.username or parts.password:
-            raise ValueError("must not carry credentials, a query or fragment")
-        if port == 0:
-            raise ValueError("has port 0")
-        return url.rstrip("/")
+    def _check_upstream(cls, value: str) -> str:
+        urls = [_check_upstream_url(url.strip()) for url in value.split(",")]
+        if len(set(urls)) != len(urls):
+            raise ValueError("lists an engine twice")
+        return ",".join(urls)
+
+    @property
+    def upstream_urls(self) -> tuple[str, ...]:
+        """The engines' base URLs, in the order given."""
+        return tuple(self.upstream.split(","))
 
     @field_validator("redis_url")
     @classmethod
@@ -320,6 +326,21 @@ def hash_keys(keys: Iterable[str]) -> tuple[str, ...]:
     from serving.gateway.keys.credentials import hash_secret
 
     return tuple(hash_secret(check_key(key)) for key in keys)
+
+
+def _check_upstream_url(url: str) -> str:
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise ValueError(f"not a valid URL ({exc})") from exc
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError("must be an http:// or https:// URL with a host")
+    if parts.query or parts.fragment or parts.username or parts.password:
+        raise ValueError("must not carry credentials, a query or fragment")
+    if port == 0:
+        raise ValueError("has port 0")
+    return url.rstrip("/")
 
 
 def settings_error(exc: ValidationError) -> ServingError:

@@ -1,6 +1,6 @@
-"""The hop to vLLM: one connection pool per gateway app.
+"""The hop to one vLLM engine: one connection pool per engine (`routing` picks the engine).
 
-    client = UpstreamClient(settings)
+    client = UpstreamClient(settings, "http://127.0.0.1:8001")
     await client.start()      # at ASGI lifespan startup, inside the serving event loop
     response = await client.pool.request("POST", b"/v1/completions", header_lines, body)
     await client.close()      # at lifespan shutdown
@@ -15,6 +15,8 @@ Content-Type).
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import aiohttp
 from yarl import URL
 
@@ -27,12 +29,12 @@ _SKIP_AUTO_HEADERS = ("Accept", "Accept-Encoding", "User-Agent", "Content-Type")
 
 
 class UpstreamClient:
-    """The session to one upstream base URL; routing over replicas builds on this."""
+    """The session to one upstream base URL."""
 
-    def __init__(self, settings: GatewaySettings) -> None:
+    def __init__(self, settings: GatewaySettings, base_url: str) -> None:
         self._settings = settings
-        self._base = settings.upstream
-        self._base_bytes = settings.upstream.encode("latin-1")
+        self._base = base_url
+        self._base_bytes = base_url.encode("latin-1")
         self._session: aiohttp.ClientSession | None = None
         self._pool: HopPool | None = None
 
@@ -43,7 +45,7 @@ class UpstreamClient:
             return
         settings = self._settings
         self._pool = HopPool(
-            settings.upstream,
+            self._base,
             connect_timeout_s=settings.upstream_connect_timeout_s,
             idle_timeout_s=settings.upstream_idle_timeout_s,
             keepalive_s=settings.upstream_keepalive_s,
@@ -125,14 +127,24 @@ class UpstreamClient:
                 models[entry["id"]] = window if valid else None
         return models
 
-    async def probe_health(self) -> str | None:
-        """None when the upstream's `/health` answers 200, else a short reason."""
+    async def probe_health(self) -> HealthProbe:
+        """Whether the upstream's `/health` answered 200 within `readiness_timeout_s`."""
         timeout = aiohttp.ClientTimeout(total=self._settings.readiness_timeout_s)
         try:
             async with self.session.get(self.url(b"/health"), timeout=timeout) as response:
                 await response.read()
                 if response.status == 200:
-                    return None
-                return f"upstream /health answered {response.status}"
+                    return HealthProbe(None)
+                return HealthProbe(f"upstream /health answered {response.status}")
+        except TimeoutError:
+            return HealthProbe("upstream /health timed out", timed_out=True)
         except UPSTREAM_FAILURES as exc:
-            return f"upstream /health failed ({type(exc).__name__})"
+            return HealthProbe(f"upstream /health failed ({type(exc).__name__})")
+
+
+class HealthProbe(NamedTuple):
+    reason: str | None
+    """None when healthy, else why not."""
+    timed_out: bool = False
+    """No answer in time: a busy engine or a hung one (vLLM's /health waits for its engine
+    core, which on a loaded CPU host took up to 10 s)."""

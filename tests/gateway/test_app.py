@@ -213,7 +213,7 @@ def test_lifespan_opens_and_closes_the_upstream_session() -> None:
         async def send(message: Message) -> None:
             sent.append(message)
             if message["type"] == "lifespan.startup.complete":
-                assert not app.upstream.session.closed
+                assert not app.router.engines[0].client.session.closed
 
         await app({"type": "lifespan"}, receive, send)
         assert queue == []
@@ -221,7 +221,7 @@ def test_lifespan_opens_and_closes_the_upstream_session() -> None:
     asyncio.run(scenario())
     assert [m["type"] for m in sent] == ["lifespan.startup.complete", "lifespan.shutdown.complete"]
     with pytest.raises(RuntimeError, match="lifespan"):
-        _ = app.upstream.session
+        _ = app.router.engines[0].client.session
 
 
 # -- paths vLLM would redirect -------------------------------------------------------------

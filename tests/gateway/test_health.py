@@ -7,6 +7,7 @@ import asyncio
 from serving.gateway.catalog import ModelCatalog
 from serving.gateway.health import NOT_CHECKED, HealthMonitor
 from serving.gateway.metrics import GatewayMetrics
+from serving.gateway.routing import Engine, Router
 from serving.gateway.settings import GatewaySettings
 from serving.gateway.upstream import UpstreamClient
 from tests.gateway.fake_upstream import FakeUpstream
@@ -15,9 +16,10 @@ from tests.gateway.servers import TEST_KEY, closed_port
 
 async def checked(url: str, *, rounds: int = 1) -> tuple[HealthMonitor, ModelCatalog, float]:
     settings = GatewaySettings.create(upstream=url, api_keys=[TEST_KEY])
-    client = UpstreamClient(settings)
+    client = UpstreamClient(settings, url)
+    router = Router([Engine(0, client)], policy="affinity", overload=8)
     catalog, metrics = ModelCatalog(), GatewayMetrics()
-    monitor = HealthMonitor(client, catalog, metrics, interval_s=3600)
+    monitor = HealthMonitor(router, catalog, metrics, interval_s=3600)
     await client.start()
     try:
         assert monitor.unready_reason == NOT_CHECKED  # not ready before the first check

@@ -50,6 +50,8 @@ GOOD: dict[str, tuple[str, object]] = {
     "redis_timeout_s": ("0.5", 0.5),
     "redis_failure_policy": ("local", "local"),
     "redis_replicas": ("3", 3),
+    "routing": ("least-loaded", "least-loaded"),
+    "routing_overload": ("2", 2),
 }
 # Settings whose values may carry a secret: errors and reprs never show them.
 SECRET_FIELDS = {"redis_url"}
@@ -79,6 +81,8 @@ BAD: dict[str, str] = {
     "redis_timeout_s": "0",
     "redis_failure_policy": "open",
     "redis_replicas": "0",
+    "routing": "random",
+    "routing_overload": "-1",
 }
 # Set as digests only, from --api-key or SERVING_API_KEY (tested below).
 SETTINGS = [name for name in GatewaySettings.model_fields if name != "api_key_digests"]
@@ -293,3 +297,24 @@ def test_a_key_source_is_required() -> None:
         GatewaySettings.create(upstream=URL, api_keys=[])
     assert GatewaySettings.create(upstream=URL, api_keys=[], keys_db="/k.db").keys_db == "/k.db"
     assert GatewaySettings.create(upstream=URL, api_keys=[], keys_file="/k.yaml").keys_file
+
+
+def test_several_engines_are_one_comma_separated_upstream() -> None:
+    settings = GatewaySettings.create(
+        upstream="http://10.0.0.1:8000/, http://10.0.0.2:8000", api_keys=["sk-a"]
+    )
+    assert settings.upstream_urls == ("http://10.0.0.1:8000", "http://10.0.0.2:8000")
+
+
+@pytest.mark.parametrize(
+    ("upstream", "problem"),
+    [
+        ("http://10.0.0.1:8000,http://10.0.0.1:8000/", "lists an engine twice"),
+        ("http://10.0.0.1:8000,", "must be an http:// or https:// URL with a host"),
+        ("http://10.0.0.1:8000,10.0.0.2:8000", "must be an http:// or https:// URL with a host"),
+    ],
+)
+def test_a_bad_engine_list_names_the_upstream_setting(upstream: str, problem: str) -> None:
+    with pytest.raises(ServingError, match="upstream") as caught:
+        GatewaySettings.create(upstream=upstream, api_keys=["sk-a"])
+    assert problem in str(caught.value)

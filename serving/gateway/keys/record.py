@@ -11,22 +11,27 @@ The declarative form, one entry of a keys file:
     models: [qwen3-tiny]              # empty or absent: every model
     model_limits:                     # optional, counted separately and on top of `limits`
       qwen3-tiny: {rpm: 10}
+
+`new_records` is how every writer makes a new key: the fields checked once, an id and secret
+drawn, the secret hashed.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 from serving.errors import ServingError
-from serving.gateway.keys.credentials import is_key_id
+from serving.gateway.keys.credentials import hash_secret, is_key_id, new_secret
 from serving.gateway.quota.limits import Limits
 
 NO_LIMITS = Limits()
 MAX_NAME_LENGTH = 200
+# Ids have 8 hex digits: a collision is rare, this many in a row practically never.
+ID_ATTEMPTS = 5
 _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 _FIELDS = {
     "id",
@@ -101,6 +106,36 @@ class KeyRecord:
             model_limits=model_limits,
             revoked=revoked,
         )
+
+
+def new_records(
+    name: str,
+    *,
+    limits: Limits = NO_LIMITS,
+    models: Sequence[str] = (),
+    model_limits: Mapping[str, Limits] | None = None,
+    now: datetime | None = None,
+) -> Iterator[tuple[KeyRecord, str]]:
+    """Up to `ID_ATTEMPTS` candidates `(record, secret)` for one new key, each with a freshly
+    drawn id: a store keeps the first whose id is free. The fields are checked before the
+    first is drawn; errors name them (`name`, `models`, `model_limits`)."""
+    checked_name = check_name(name, where="name")
+    checked_models = check_models(list(models), where="models")
+    checked_model_limits = dict(model_limits or {})
+    check_model_limits(checked_model_limits, checked_models, where="model_limits")
+    created_at = (now or datetime.now(UTC)).replace(microsecond=0)
+    for _ in range(ID_ATTEMPTS):
+        key_id, secret = new_secret()
+        record = KeyRecord(
+            key_id=key_id,
+            name=checked_name,
+            secret_sha256=hash_secret(secret),
+            created_at=created_at,
+            limits=limits,
+            models=checked_models,
+            model_limits=checked_model_limits,
+        )
+        yield record, secret
 
 
 def check_name(value: object, *, where: str) -> str:

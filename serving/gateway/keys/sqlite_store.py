@@ -17,19 +17,11 @@ import sqlite3
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 
 from serving.errors import ServingError
-from serving.gateway.keys.credentials import hash_secret, new_secret
-from serving.gateway.keys.record import (
-    NO_LIMITS,
-    KeyRecord,
-    check_model_limits,
-    check_models,
-    check_name,
-    format_time,
-)
+from serving.gateway.keys.record import NO_LIMITS, KeyRecord, format_time, new_records
 from serving.gateway.keys.store import authenticate_with
 from serving.gateway.quota.limits import Limits
 
@@ -46,7 +38,6 @@ CREATE TABLE IF NOT EXISTS api_keys (
 _COLUMNS = "key_id, name, created_at, revoked, secret_sha256, policy"
 # How stale the cache may get: another connection's commits are seen within this long.
 DATA_VERSION_INTERVAL_S = 0.05
-_ID_ATTEMPTS = 5  # 8 hex digits: a collision is rare, twice in a row practically never
 
 
 class SqliteKeyStore:
@@ -67,6 +58,10 @@ class SqliteKeyStore:
             self._conn.execute(_SCHEMA)
             self._data_version = self._read_data_version()
             self._checked_at = time.monotonic()
+
+    @property
+    def location(self) -> str:
+        return str(self.path)
 
     def get(self, key_id: str) -> KeyRecord | None:
         with self._lock:
@@ -107,21 +102,10 @@ class SqliteKeyStore:
         now: datetime | None = None,
     ) -> tuple[KeyRecord, str]:
         """Store a new key; returns it with its secret, which exists nowhere else."""
-        checked_models = check_models(list(models), where="models")
-        model_limits = dict(model_limits or {})
-        check_model_limits(model_limits, checked_models, where="model_limits")
-        created_at = (now or datetime.now(UTC)).replace(microsecond=0)
-        for _ in range(_ID_ATTEMPTS):
-            key_id, secret = new_secret()
-            record = KeyRecord(
-                key_id=key_id,
-                name=check_name(name, where="name"),
-                secret_sha256=hash_secret(secret),
-                created_at=created_at,
-                limits=limits,
-                models=checked_models,
-                model_limits=model_limits,
-            )
+        candidates = new_records(
+            name, limits=limits, models=models, model_limits=model_limits, now=now
+        )
+        for record, secret in candidates:
             try:
                 self._insert(record)
             except sqlite3.IntegrityError:

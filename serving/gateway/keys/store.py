@@ -1,11 +1,18 @@
-"""The key stores' common shape, and the one place a presented secret is checked."""
+"""The key stores' common shape, and the one place a presented secret is checked.
+
+`KeyStore` is what the gateway reads; `WritableKeyStore` adds what `serving keys` writes
+(SQLite and Redis; a keys file is written by hand).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from datetime import datetime
 from typing import Protocol
 
 from serving.gateway.keys.credentials import hash_secret, key_id_of, secret_matches
-from serving.gateway.keys.record import KeyRecord
+from serving.gateway.keys.record import NO_LIMITS, KeyRecord
+from serving.gateway.quota.limits import Limits
 
 # Compared against when the claimed id is unknown, so that case costs the same hash and
 # compare as a wrong secret for a real id.
@@ -26,6 +33,29 @@ class KeyStore(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+class WritableKeyStore(KeyStore, Protocol):
+    @property
+    def location(self) -> str:
+        """Where the keys are, for messages: a file's path, Redis's address (no password)."""
+        ...
+
+    def create(
+        self,
+        name: str,
+        *,
+        limits: Limits = NO_LIMITS,
+        models: Sequence[str] = (),
+        model_limits: Mapping[str, Limits] | None = None,
+        now: datetime | None = None,
+    ) -> tuple[KeyRecord, str]:
+        """Store a new key; returns it with its secret, which is stored nowhere."""
+        ...
+
+    def revoke(self, key_id: str) -> KeyRecord:
+        """Mark a key revoked (again is fine); an unknown id is a `ServingError` naming it."""
+        ...
 
 
 def authenticate_with(store: KeyStore, secret: str) -> KeyRecord | None:

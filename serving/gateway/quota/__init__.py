@@ -9,7 +9,11 @@ engine        `QuotaEngine`: reserve at admission, settle with real usage (the l
 store         the `QuotaStore` interface: where counters live, as async atomic operations
 memory_store  `InMemoryQuotaStore`: counters in this process, for one gateway
 redis_store   `RedisQuotaStore`: counters in Redis, shared by gateway replicas
+settle_queue  its lease endings, queued to ride on its next call (one round trip a request)
 redis_scripts its server-side scripts (Lua in `lua/`), one per operation
+redis_codec   their wire format: store values as arguments, replies as store values
+redis_client  its lean pipelined Redis client (URL, hello, reconnect, scripts)
+redis_connection  one connection of that client: RESP over an asyncio Protocol, hiredis
 failure_policy  `GuardedQuotaStore`: what happens while Redis cannot answer
 journal       day and month spending on disk, added up by every writer
 """

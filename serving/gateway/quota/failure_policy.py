@@ -16,11 +16,13 @@ the policy's answer instead, within that bound:
             reach) and are not added to Redis afterwards: an outage can cost a key up to one
             extra budget, spread over the replicas. Availability first.
 
-Leases that live in the shared store are only ever ended there, by id. An ending that
-cannot be delivered waits here and `check()` delivers it once the store answers; endings
+Leases that live in the shared store are only ever ended there, by id. The shared store
+queues its endings and sends them with its next call (`redis_store`); they wait there while
+it cannot answer, as do cancellations of reservations whose answer was lost, and `check()`
+sends them once it answers. An ending the shared store refused to take (a lease it did not
+issue, ended while it was down) waits here and `check()` delivers it the same way. Endings
 are idempotent by id, so one that did arrive before its answer was lost is not charged
-twice. A reservation whose answer was lost (it may have been booked) is cancelled by id the
-same way. Leases of the local fallback end locally. Until its ending is delivered, a lease
+twice. Leases of the local fallback end locally. Until its ending is delivered, a lease
 counts in `active_leases`, as it still holds its slot in Redis.
 
 `up` (the last call's outcome) and `errors` (calls that failed) are the gauge
@@ -38,7 +40,7 @@ from typing import Protocol
 from serving.gateway.quota.decision import Lease, LeaseState, RateLimitStatus, Refusal
 from serving.gateway.quota.limits import Limits, Scope, ScopedLimits
 from serving.gateway.quota.memory_store import InMemoryQuotaStore
-from serving.gateway.quota.store import InDoubt, QuotaStore, QuotaStoreUnavailable, ScopeUsage
+from serving.gateway.quota.store import QuotaStore, QuotaStoreUnavailable, ScopeUsage
 from serving.gateway.quota.windows import Clock
 
 logger = logging.getLogger(__name__)
@@ -56,9 +58,13 @@ class SharedQuotaStore(QuotaStore, Protocol):
         """Raise `QuotaStoreUnavailable` unless the store answers within its time bound."""
         ...
 
-    async def forget(self, in_doubt: InDoubt) -> None:
-        """End a reservation whose answer was lost (charging no tokens), or make sure it
-        never books anything; idempotent."""
+    async def flush(self) -> None:
+        """Send the endings (and cancellations) the store queued; raise
+        `QuotaStoreUnavailable` if it cannot (they stay queued)."""
+        ...
+
+    def pending(self) -> int:
+        """Endings and cancellations queued in the store, not yet confirmed delivered."""
         ...
 
 
@@ -80,7 +86,6 @@ class GuardedQuotaStore:
         self._replicas = replicas
         self._local = InMemoryQuotaStore(clock) if policy is FailurePolicy.LOCAL else None
         self._endings: dict[str, tuple[Lease, LeaseState, int]] = {}
-        self._cancels: dict[str, InDoubt] = {}
         self.up = True
         """Whether the last call to the shared store was answered."""
         self.errors = 0
@@ -97,8 +102,8 @@ class GuardedQuotaStore:
         return not self.up and self.policy is FailurePolicy.LOCAL
 
     def pending(self) -> int:
-        """Endings and cancellations waiting for the shared store to answer again."""
-        return len(self._endings) + len(self._cancels)
+        """Endings and cancellations waiting for the shared store to take them."""
+        return len(self._endings) + self.shared.pending()
 
     async def try_reserve(
         self, scopes: Sequence[ScopedLimits], prompt_tokens: int, max_tokens: int, ttl: float
@@ -106,9 +111,7 @@ class GuardedQuotaStore:
         try:
             outcome = await self.shared.try_reserve(scopes, prompt_tokens, max_tokens, ttl)
         except QuotaStoreUnavailable as exc:
-            self._failed(exc)
-            if exc.in_doubt is not None:
-                self._cancels[exc.in_doubt.lease_id] = exc.in_doubt
+            self._failed(exc)  # a reservation in doubt is the shared store's to cancel
             if self._local is None:
                 raise
             shares = self._shares(scopes)
@@ -130,7 +133,7 @@ class GuardedQuotaStore:
             # Cancelled mid-call (shutdown): whether it arrived is unknown; deliver it again.
             self._end_later(lease, state, charged_tokens)
             raise
-        self._answered()
+        # Not `_answered()`: a shared store that queues endings asked nobody anything.
         return ended
 
     async def renew(self, lease: Lease, ttl: float) -> bool:
@@ -183,9 +186,7 @@ class GuardedQuotaStore:
         that waited. True when it answered."""
         try:
             await self.shared.ping()
-            for lease_id, in_doubt in list(self._cancels.items()):
-                await self.shared.forget(in_doubt)
-                del self._cancels[lease_id]
+            await self.shared.flush()
             for lease_id, (lease, state, charged_tokens) in list(self._endings.items()):
                 # False too means delivered: it had arrived before its answer was lost, or
                 # the lease expired meanwhile and was charged in full. Never twice.

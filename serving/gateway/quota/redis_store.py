@@ -2,57 +2,88 @@
 
     store = RedisQuotaStore.from_url("redis://redis:6379/0", timeout_s=0.25)
     lease, status = await store.try_reserve(scopes, prompt, max_tokens, ttl)
+    await store.finish(lease, LeaseState.SETTLED, charged)   # queued: no round trip
+    await store.close()                                       # sends what is still queued
 
-Every operation is one server-side Lua script (`redis_scripts`), sent with EVALSHA and
-loaded again when the server answers NOSCRIPT (after a restart or SCRIPT FLUSH). A script
-runs atomically, so replicas racing for a key's last slot or last requests of the minute
-cannot both get it: one script is one step of the same state machine `InMemoryQuotaStore`
-runs in-process. The scripts read Redis's own TIME, not the gateway's clock, so replicas
-with skewed clocks still agree on buckets, days and expiries.
+Every operation is one server-side Lua script (`redis_scripts`), sent with EVALSHA by a lean
+pipelined client (`redis_client`; in full once when Redis answers NOSCRIPT, after a restart
+or SCRIPT FLUSH). A script runs atomically, so replicas racing for a key's last slot or last
+requests of the minute cannot both get it: one script is one step of the same state
+machine `InMemoryQuotaStore` runs in-process. The scripts read Redis's own TIME, not the
+gateway's clock, so replicas with skewed clocks still agree on buckets, days and expiries.
+
+One round trip per request: `finish` sends nothing. The ending waits in a queue
+(`settle_queue`) and rides on this store's next script call, which ends the queued leases
+before it does its own work (the prelude of `lua/common.lua`). Under load that call is the
+next request's reservation. So:
+- on this replica, a request of a key that follows one that ended finds its slot free and
+  its unused tokens back (the ending runs first, in the same script);
+- on other replicas, the slot and the tokens come back within the settle delay
+  (`settle_delay_s`, 5 ms: the queue then sends its endings by themselves) plus a round trip;
+- endings survive Redis being down: they stay queued and go with the next call that Redis
+  answers (or the lease upkeep's `flush`, or `close` at shutdown). Ending a lease is
+  idempotent by id, so one sent twice (its answer was lost) is charged once. Endings still
+  queued when the process dies are lost; their leases expire with their whole reservation
+  charged, as a crashed replica's do.
+- `finish` answers from what this store knows: True for a lease it issued and had not seen
+  end. A lease that expired in Redis meanwhile (its ending came after its TTL, and another
+  replica's upkeep reclaimed it first) is told so on its object once the ending is
+  delivered; it was charged once, in full, by the reclaim. A lease this store did not issue
+  is ended at once, as before (one round trip).
 
 Layout (`lua/common.lua` has the details): per scope, 1 s buckets in a hash per minute
 window and a hash with the requests in flight and the UTC day's and month's spending; per
 key id, the leases in a hash and a sorted set by expiry, so the leases of a crashed replica
 expire (the next reservation of that key, or any replica's upkeep, reclaims them with their
-full reservation charged). Every key name is `<namespace>:{<key id>}:...`: the hash tag
-puts all of a key id's counters in one cluster slot, and a request's scopes are always one
-key id's. A set `<namespace>:keys` lists the key ids that have held leases, for upkeep.
+full reservation charged). Every key name is `<namespace>:{<key id>}:...`, a hash tag per
+key id. One script may end the leases of several key ids, so the store needs one Redis (a
+primary, with replicas or Sentinel if wanted), not a Redis Cluster. A set `<namespace>:keys`
+lists the key ids that have held leases, for upkeep, which reclaims many key ids per call.
 
 The reserve script applies decision.decide's admit condition; on a refusal it hands back
 the counters it read and `decide` itself names the refusal and its wait, so the two stores
 refuse alike. Lease ids are made here (`LeaseIds`) and sent with the reservation: a
-reservation whose answer was lost can be cancelled by id (`forget`), even before it lands.
+reservation whose answer was lost, or that shutdown interrupted, is cancelled by id (a
+queued ending with `cancel`), even before it lands, instead of holding its slot until it
+expires.
 
-Every call is bounded by `timeout_s`; one that fails or runs out raises
-`QuotaStoreUnavailable` (redis-py's own retries are off: a script that may have run must
-not run twice). Ending a lease is idempotent by id, so retrying one is always safe.
+Every call is bounded by `timeout_s` (connecting included); one that fails or runs out
+raises `QuotaStoreUnavailable`. Nothing is retried by the client: a script that may have run
+must not run twice.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any
 from urllib.parse import quote
-
-from redis.asyncio import Redis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
-from redis.commands.core import AsyncScript
-from redis.exceptions import RedisError
 
 from serving.gateway.quota.decision import (
     Lease,
     LeaseState,
-    MinuteUsage,
     RateLimitStatus,
     Refusal,
     ScopeState,
     decide,
     rate_limit_status,
 )
-from serving.gateway.quota.limits import Limits, Scope, ScopedLimits
-from serving.gateway.quota.redis_scripts import SCRIPT_NAMES, ScriptName, script_source
+from serving.gateway.quota.limits import Scope, ScopedLimits
+from serving.gateway.quota.redis_client import Arg, RedisClient
+from serving.gateway.quota.redis_codec import (
+    Head,
+    booked,
+    learn_ending,
+    limit_args,
+    read_head,
+    read_state,
+    scope_name,
+)
+from serving.gateway.quota.redis_connection import RedisConnectError, RedisError
+from serving.gateway.quota.redis_scripts import ScriptName, lua_script
+from serving.gateway.quota.settle_queue import Ending, SettleQueue
 from serving.gateway.quota.store import (
     InDoubt,
     LeaseIds,
@@ -62,22 +93,19 @@ from serving.gateway.quota.store import (
 )
 from serving.gateway.quota.windows import Clock
 
+logger = logging.getLogger(__name__)
+
 DEFAULT_NAMESPACE = "qs"
 DEFAULT_TIMEOUT_S = 0.25
-# Expired leases one script call ends; upkeep calls again until fewer come back.
+DEFAULT_SETTLE_DELAY_S = 0.005
+# After a failed call, its endings wait this long before they are sent by themselves again.
+SETTLE_RETRY_S = 1.0
+# Endings one call carries: bounds one script's run (each ending is a few commands).
+MAX_ENDINGS_PER_CALL = 256
+# Expired leases one script call ends per key id; upkeep calls again until fewer come back.
 RECLAIM_BATCH = 64
-
-_ENDINGS = {"expired": LeaseState.EXPIRED, "cancelled": LeaseState.FAILED}
-
-
-class _Head(NamedTuple):
-    """The clock and calendar a script ran at."""
-
-    now: float
-    wall: float
-    bucket: int
-    day: str
-    month: str
+# Key ids one reclaim call covers; the calls for more go out together (pipelined).
+RECLAIM_KEYS_PER_CALL = 64
 
 
 class RedisQuotaStore:
@@ -86,44 +114,68 @@ class RedisQuotaStore:
 
     def __init__(
         self,
-        client: Redis,
+        client: RedisClient,
         *,
-        timeout_s: float = DEFAULT_TIMEOUT_S,
         clock: Clock | None = None,
         namespace: str = DEFAULT_NAMESPACE,
+        settle_delay_s: float = DEFAULT_SETTLE_DELAY_S,
     ) -> None:
         self._client = client
-        self._timeout_s = timeout_s
         self._clock = clock
         self._namespace = namespace
-        self._scripts: dict[ScriptName, AsyncScript] = {
-            name: client.register_script(script_source(name)) for name in SCRIPT_NAMES
-        }
+        self._index_key = f"{namespace}:keys"
         self._ids = LeaseIds()
-        # Leases issued here and not seen ending: `active_leases`, and how reclaimed ones
+        # Leases issued here whose ending Redis has not confirmed: `active_leases` (queued
+        # endings included: their slots are still held in Redis), and how reclaimed ones
         # are told that they expired.
         self._held: dict[str, Lease] = {}
-        self._indexed: set[str] = set()
+        self._lease_keys: dict[str, str] = {}
+        self._queue = SettleQueue(delay_s=settle_delay_s, retry_s=SETTLE_RETRY_S, due=self._due)
+        self._flushing: asyncio.Future[None] | None = None
+        self._closed = False
 
     @classmethod
     def from_url(
-        cls, url: str, *, timeout_s: float = DEFAULT_TIMEOUT_S, clock: Clock | None = None
+        cls,
+        url: str,
+        *,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        clock: Clock | None = None,
+        settle_delay_s: float = DEFAULT_SETTLE_DELAY_S,
     ) -> RedisQuotaStore:
-        client = Redis.from_url(
-            url,
-            decode_responses=True,
-            socket_timeout=timeout_s,
-            socket_connect_timeout=timeout_s,
-            retry=Retry(NoBackoff(), 0),
-        )
-        return cls(client, timeout_s=timeout_s, clock=clock)
+        client = RedisClient.from_url(url, timeout_s=timeout_s)
+        return cls(client, clock=clock, settle_delay_s=settle_delay_s)
 
     async def close(self) -> None:
-        await self._client.aclose()
+        """Send the endings still queued (if Redis answers in time), then disconnect."""
+        if self._flushing is not None and not self._flushing.done():
+            await asyncio.wait([self._flushing])
+        try:
+            await self.flush()
+        except QuotaStoreUnavailable as exc:
+            logger.warning(
+                "%s at shutdown: %d lease endings are lost; those leases expire with their "
+                "whole reservation charged",
+                exc,
+                len(self._queue),
+            )
+        self._closed = True
+        self._queue.close()
+        await self._client.close()
 
     async def ping(self) -> None:
         """Raise `QuotaStoreUnavailable` unless Redis answers within the time bound."""
-        await self._bounded("ping", self._client.ping())
+        await self._call("PING")
+
+    async def flush(self) -> None:
+        """Send the queued endings now. Raises `QuotaStoreUnavailable` if Redis does not
+        take them (they stay queued)."""
+        while self._queue.waiting():
+            await self._run("settle", (), ())
+
+    def pending(self) -> int:
+        """Endings queued or on their way (their leases still hold their slots in Redis)."""
+        return len(self._queue)
 
     # -- QuotaStore ---------------------------------------------------------------------
 
@@ -131,35 +183,46 @@ class RedisQuotaStore:
         self, scopes: Sequence[ScopedLimits], prompt_tokens: int, max_tokens: int, ttl: float
     ) -> tuple[Lease | Refusal, RateLimitStatus]:
         key_id = scopes[0].scope.key_id
-        if key_id not in self._indexed:
-            await self._bounded("index", self._client.sadd(self._index_key, key_id))
-            self._indexed.add(key_id)
         lease_id = self._ids.next()
-        args: list[str | int] = [*self._clock_args(), lease_id, repr(float(ttl))]
-        args += [prompt_tokens, max_tokens]
+        # Sent every time (SADD is idempotent and O(1)): a Redis that restarted empty lost the
+        # index, and a replica remembering what it once added would never add it again.
+        args: list[Arg] = [
+            lease_id,
+            repr(float(ttl)),
+            prompt_tokens,
+            max_tokens,
+            self._index_key,
+            key_id,
+        ]
         for scope, limits in scopes:
-            args += [_scope_name(scope), *_limit_args(limits)]
+            args += [scope_name(scope), *limit_args(limits)]
         try:
-            reply = await self._script("reserve", key_id, args)
+            reply = await self._run("reserve", (self._leases_key(key_id),), args)
         except QuotaStoreUnavailable as exc:
-            # The script may have run and booked this id before its answer was lost.
-            exc.in_doubt = InDoubt(lease_id, key_id)
+            if not isinstance(exc.__cause__, RedisConnectError):
+                # It was sent: it may have booked this id before its answer was lost.
+                exc.in_doubt = self.forget(InDoubt(lease_id, key_id))
             raise
-        outcome, head, reclaimed = reply[0], _head(reply[1]), reply[2]
+        except asyncio.CancelledError:
+            # Shutdown (or a bug) cut it off: give the reservation up rather than let it
+            # hold a slot until it expires.
+            self.forget(InDoubt(lease_id, key_id))
+            raise
+        outcome, head, reclaimed = reply[0], read_head(reply[1]), reply[2]
         self._expired(reclaimed)
         tokens = prompt_tokens + max_tokens
         if outcome == "refused":
-            states = [_state(raw) for raw in reply[3:]]
+            states = [read_state(raw) for raw in reply[3:]]
             refusal = decide(scopes, states, tokens, head.now, head.wall)
             if refusal is None:
                 raise RuntimeError("the reserve script refused what decision.decide admits")
             return refusal, rate_limit_status(scopes, states, head.now)
         if outcome != "admitted":
             raise RuntimeError(f"the reserve script answered {outcome!r} for a new lease id")
-        after = [_booked(head.bucket, requests, tokens) for requests, tokens in reply[4:]]
+        after = [booked(head.bucket, requests, tokens) for requests, tokens in reply[4:]]
         lease = Lease(
             lease_id=lease_id,
-            scopes=tuple(scope for scope, _ in scopes),
+            scopes=tuple([scope for scope, _ in scopes]),  # a list: cheaper than a generator here
             prompt_estimate=prompt_tokens,
             max_tokens=max_tokens,
             bucket=head.bucket,
@@ -172,42 +235,64 @@ class RedisQuotaStore:
 
     async def finish(self, lease: Lease, state: LeaseState, charged_tokens: int) -> bool:
         check_ending(state)
-        args: list[str | int] = [*self._clock_args(), lease.lease_id, charged_tokens, "0"]
-        applied, ending = await self._script("finish", lease.key_id, args)
-        self._held.pop(lease.lease_id, None)
-        if applied:
-            lease.state, lease.charged_tokens = state, charged_tokens
-            return True
-        _learn_ending(lease, ending)
-        return False
+        lease_id = lease.lease_id
+        if lease_id in self._queue:
+            return False  # ended here already; the ending is on its way
+        issued = self._held.get(lease_id)
+        if issued is None:
+            # Not issued here, or already seen ending: only Redis knows. Ask it now.
+            ending = Ending(lease_id, lease.key_id, charged_tokens, False, lease)
+            if not await self._run("settle", (), (), also=ending):
+                return False
+        else:
+            self._queue.put(Ending(lease_id, lease.key_id, charged_tokens, False, issued))
+            issued.state, issued.charged_tokens = state, charged_tokens
+        lease.state, lease.charged_tokens = state, charged_tokens
+        return True
 
-    async def forget(self, in_doubt: InDoubt) -> None:
-        """Settle a reservation whose answer was lost: if it was booked, end it charging no
-        tokens; if it was not, make sure it never books anything. Idempotent."""
-        args: list[str | int] = [*self._clock_args(), in_doubt.lease_id, 0, "1"]
-        await self._script("finish", in_doubt.key_id, args)
+    def forget(self, in_doubt: InDoubt) -> InDoubt:
+        """Give up a reservation whose answer was lost: if it was booked, end it charging no
+        tokens; if it was not, make sure it never books anything. Queued like an ending."""
+        self._queue.put(Ending(in_doubt.lease_id, in_doubt.key_id, 0, True, None))
+        return in_doubt
 
     async def renew(self, lease: Lease, ttl: float) -> bool:
-        args = [*self._clock_args(), lease.lease_id, repr(float(ttl))]
-        renewed, detail = await self._script("renew", lease.key_id, args)
+        lease_id = lease.lease_id
+        if lease_id in self._queue:
+            return False
+        args = [lease_id, repr(float(ttl))]
+        renewed, detail = await self._run("renew", (self._leases_key(lease.key_id),), args)
         if renewed:
             lease.expires_at = float(detail)
             return True
-        self._held.pop(lease.lease_id, None)
-        _learn_ending(lease, detail)
+        self._held.pop(lease_id, None)
+        if lease.active:
+            learn_ending(lease, detail)
         return False
 
     async def reclaim_expired(self) -> int:
-        key_ids = await self._bounded("index", self._client.smembers(self._index_key))
+        key_ids = sorted(await self._call("SMEMBERS", self._index_key))
         reclaimed = 0
-        for key_id in sorted(key_ids):
-            while True:
-                args: list[str | int] = [*self._clock_args(), RECLAIM_BATCH]
-                ended = await self._script("reclaim", key_id, args)
-                self._expired(ended)
-                reclaimed += len(ended) // 2
-                if len(ended) < 2 * RECLAIM_BATCH:
-                    break
+        while key_ids:
+            chunks = [
+                key_ids[start : start + RECLAIM_KEYS_PER_CALL]
+                for start in range(0, len(key_ids), RECLAIM_KEYS_PER_CALL)
+            ]
+            replies = await asyncio.gather(
+                *(
+                    self._run(
+                        "reclaim", [self._leases_key(key_id) for key_id in chunk], [RECLAIM_BATCH]
+                    )
+                    for chunk in chunks
+                )
+            )
+            key_ids = []
+            for chunk, reply in zip(chunks, replies, strict=True):
+                for key_id, ended in zip(chunk, reply, strict=True):
+                    self._expired(ended)
+                    reclaimed += len(ended) // 2
+                    if len(ended) >= 2 * RECLAIM_BATCH:
+                        key_ids.append(key_id)  # there may be more
         return reclaimed
 
     def active_leases(self) -> int:
@@ -229,32 +314,84 @@ class RedisQuotaStore:
 
     # -- calling Redis ------------------------------------------------------------------
 
-    @property
-    def _index_key(self) -> str:
-        return f"{self._namespace}:keys"
+    def _leases_key(self, key_id: str) -> str:
+        name = self._lease_keys.get(key_id)
+        if name is None:
+            name = f"{self._namespace}:{{{quote(key_id, safe='')}}}:leases"
+            self._lease_keys[key_id] = name
+        return name
 
     def _clock_args(self) -> tuple[str, str]:
         if self._clock is None:
             return "", ""  # the scripts read Redis's TIME
         return repr(self._clock.monotonic()), repr(self._clock.wall())
 
-    async def _snapshot(self, scopes: Sequence[Scope]) -> tuple[_Head, list[ScopeState]]:
-        args = [*self._clock_args(), *(_scope_name(scope) for scope in scopes)]
-        reply = await self._script("snapshot", scopes[0].key_id, args)
-        return _head(reply[0]), [_state(raw) for raw in reply[1:]]
+    async def _snapshot(self, scopes: Sequence[Scope]) -> tuple[Head, list[ScopeState]]:
+        names = [scope_name(scope) for scope in scopes]
+        reply = await self._run("snapshot", (self._leases_key(scopes[0].key_id),), names)
+        return read_head(reply[0]), [read_state(raw) for raw in reply[1:]]
 
-    async def _script(self, name: ScriptName, key_id: str, args: Sequence[str | int]) -> Any:
-        leases = f"{self._namespace}:{{{quote(key_id, safe='')}}}:leases"
-        return await self._bounded(name, self._scripts[name](keys=[leases], args=args))
-
-    async def _bounded(self, what: str, call: Any) -> Any:
+    async def _run(
+        self,
+        name: ScriptName,
+        own_keys: Sequence[str],
+        args: Sequence[Arg],
+        *,
+        also: Ending | None = None,
+    ) -> Any:
+        """Run script `name` carrying the queued endings (and `also`, ended at once; then
+        the answer is whether `also` ended in this call), which end before it runs."""
+        queued = self._queue.take(MAX_ENDINGS_PER_CALL)
+        batch = [*queued, also] if also is not None else queued
+        keys = [self._leases_key(ending.key_id) for ending in batch]
+        keys += own_keys
+        argv: list[Arg] = [*self._clock_args(), len(batch)]
+        for ending in batch:
+            argv += (ending.lease_id, ending.charge, "1" if ending.cancel else "0")
+        argv += args
         try:
-            async with asyncio.timeout(self._timeout_s):
-                return await call
-        except (RedisError, OSError, TimeoutError) as exc:
+            already, reply = await self._client.run_script(lua_script(name), keys, argv)
+        except RedisError as exc:
+            self._queue.returned(queued)
             raise QuotaStoreUnavailable(
-                f"quota store: {what} failed ({type(exc).__name__})"
+                f"quota store: {name} failed ({type(exc).__name__}: {exc})"
             ) from exc
+        except asyncio.CancelledError:
+            self._queue.returned(queued)
+            raise
+        self._queue.delivered(queued)
+        held = self._held
+        for ending in queued:
+            held.pop(ending.lease_id, None)
+        ended_before = False
+        for index in range(0, len(already), 2):
+            ending = batch[already[index] - 1]
+            if ending is also:
+                ended_before = True
+            if ending.lease is not None and already[index + 1] is not None:
+                # It had expired (or been given up) before its ending arrived: say so.
+                learn_ending(ending.lease, already[index + 1])
+        return not ended_before if also is not None else reply
+
+    async def _call(self, command: str, *args: Arg) -> Any:
+        try:
+            return await self._client.call(command, *args)
+        except RedisError as exc:
+            raise QuotaStoreUnavailable(
+                f"quota store: {command} failed ({type(exc).__name__}: {exc})"
+            ) from exc
+
+    def _due(self) -> None:
+        """The queue's timer: endings waited long enough for a call; send them alone."""
+        if self._closed:
+            return  # closed, the client refuses calls: nothing more to try
+        if self._flushing is None or self._flushing.done():
+            self._flushing = asyncio.ensure_future(self._flush_quietly())
+
+    async def _flush_quietly(self) -> None:
+        with contextlib.suppress(QuotaStoreUnavailable):
+            # They stay queued: the next call, the upkeep's flush or the retry takes them.
+            await self.flush()
 
     def _expired(self, flat: Sequence[Any]) -> None:
         """Tell the leases held here that a script reclaimed (`{id, charge, ...}`)."""
@@ -262,55 +399,3 @@ class RedisQuotaStore:
             lease = self._held.pop(flat[index], None)
             if lease is not None:
                 lease.state, lease.charged_tokens = LeaseState.EXPIRED, int(flat[index + 1])
-
-
-def _scope_name(scope: Scope) -> str:
-    # Model names may hold ':' or braces; quoted, they cannot clash with the layout.
-    return "k" if scope.model is None else "m:" + quote(scope.model, safe="")
-
-
-def _limit_args(limits: Limits) -> list[str]:
-    values = (
-        limits.max_concurrency,
-        limits.rpm,
-        limits.tpm,
-        limits.tokens_per_day,
-        limits.tokens_per_month,
-    )
-    return ["" if value is None else str(value) for value in values]
-
-
-def _head(raw: Sequence[Any]) -> _Head:
-    return _Head(float(raw[0]), float(raw[1]), int(raw[2]), str(raw[3]), str(raw[4]))
-
-
-def _buckets(flat: Sequence[Any]) -> dict[int, int]:
-    # Oldest first, as the script sorted them.
-    return {int(flat[index]): int(flat[index + 1]) for index in range(0, len(flat), 2)}
-
-
-def _state(raw: Sequence[Any]) -> ScopeState:
-    in_flight, today, month, requests, request_buckets, tokens, token_buckets = raw
-    return ScopeState(
-        int(in_flight),
-        MinuteUsage(int(requests), _buckets(request_buckets)),
-        MinuteUsage(int(tokens), _buckets(token_buckets)),
-        int(today),
-        int(month),
-    )
-
-
-def _booked(bucket: int, requests: int, tokens: int) -> ScopeState:
-    """A scope's minute windows right after an admission was booked in `bucket`: that is
-    then the newest bucket holding something, which is all `window_reset` reads."""
-    return ScopeState(
-        0, MinuteUsage(requests, {bucket: requests}), MinuteUsage(tokens, {bucket: tokens}), 0, 0
-    )
-
-
-def _learn_ending(lease: Lease, ending: str | None) -> None:
-    """Record on `lease` how it ended elsewhere, when Redis still knows."""
-    if ending is None or not lease.active:
-        return
-    kind, _, tokens = ending.partition(":")
-    lease.state, lease.charged_tokens = _ENDINGS[kind], int(tokens)

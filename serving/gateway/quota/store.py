@@ -8,9 +8,12 @@ reserves and reports the rate-limit state, so admission costs one round trip.
 
 Leases are recognised by id. Ending one is idempotent by that id: the first `finish` books
 its charge and says True, every later one (a retry after a timeout, a cleanup path that
-overlaps) changes nothing and says False. A lease nobody ends or renews expires and keeps
-its whole reservation charged (`reclaim_expired`), so a crashed gateway cannot hold a slot
-forever and never under-charges.
+overlaps) changes nothing and says False. A shared store may deliver an ending with its next
+call instead of at once (`redis_store`); it then answers from what it knows, and a lease
+that turns out to have ended otherwise meanwhile (it expired) is told so on its object. A
+lease nobody ends or renews expires and keeps its whole reservation charged
+(`reclaim_expired`), so a crashed gateway cannot hold a slot forever and never
+under-charges.
 
 A store that cannot answer (a shared server down or too slow) raises `QuotaStoreUnavailable`;
 what the gateway then does is `failure_policy`'s business, not the store's.
@@ -67,7 +70,8 @@ class QuotaStore(Protocol):
 
     async def finish(self, lease: Lease, state: LeaseState, charged_tokens: int) -> bool:
         """End the lease with this id: free its slot, replace its reservation by
-        `charged_tokens`. False (and nothing changes) if it had already ended or expired."""
+        `charged_tokens`. False (and nothing changes) if it had already ended or expired, as
+        far as this store knows (see the module docstring)."""
         ...
 
     async def renew(self, lease: Lease, ttl: float) -> bool:

@@ -136,7 +136,7 @@ def test_create_validates_its_fields(store: SqliteKeyStore) -> None:
 def test_id_collisions_draw_a_new_id(
     store: SqliteKeyStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from serving.gateway.keys import sqlite_store
+    from serving.gateway.keys import record as record_module
 
     first, _ = store.create("a")
     draws = iter(
@@ -145,7 +145,7 @@ def test_id_collisions_draw_a_new_id(
             ("key_0000abcd", "sk-0000abcd-" + "b" * 40),
         ]
     )
-    monkeypatch.setattr(sqlite_store, "new_secret", lambda: next(draws))
+    monkeypatch.setattr(record_module, "new_secret", lambda: next(draws))
     second, secret = store.create("b")
     assert second.key_id == "key_0000abcd"
     assert store.authenticate(secret) == second

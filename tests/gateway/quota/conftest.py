@@ -1,8 +1,9 @@
 """The quota stores the store-level tests run over, and the Redis server they use.
 
 `quota_store` builds a fresh store on a `ManualClock`, as an async context manager (a shared
-store's client lives on the caller's event loop and is closed when the context ends): the
-in-memory store, and the Redis store on the session's `redis-server`, emptied first.
+store's client lives on the caller's event loop and is closed when the context ends, which
+sends the endings it still queued): the in-memory store, and the Redis store on the
+session's `redis-server`, emptied first.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
 import pytest
-from redis.asyncio import Redis
 
 from serving.gateway.quota import InMemoryQuotaStore, ManualClock, QuotaStore
 from serving.gateway.quota.redis_store import RedisQuotaStore
@@ -38,15 +38,15 @@ async def memory_store(clock: ManualClock) -> AsyncIterator[QuotaStore]:
     yield InMemoryQuotaStore(clock)
 
 
-def redis_store(url: str) -> StoreFactory:
+def redis_store(server: RedisServer) -> StoreFactory:
     @contextlib.asynccontextmanager
     async def make(clock: ManualClock) -> AsyncIterator[QuotaStore]:
-        client = Redis.from_url(url, decode_responses=True)
+        server.flush()
+        store = RedisQuotaStore.from_url(server.url, clock=clock, timeout_s=SLOW_MACHINE_TIMEOUT_S)
         try:
-            await client.flushdb()
-            yield RedisQuotaStore(client, clock=clock, timeout_s=SLOW_MACHINE_TIMEOUT_S)
+            yield store
         finally:
-            await client.aclose()
+            await store.close()
 
     return make
 
@@ -56,7 +56,7 @@ def quota_store(request: pytest.FixtureRequest) -> StoreFactory:
     if request.param == "memory":
         return memory_store
     server: RedisServer = request.getfixturevalue("redis_server")
-    return redis_store(server.url)
+    return redis_store(server)
 
 
 @pytest.fixture

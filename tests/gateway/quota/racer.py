@@ -13,7 +13,7 @@ import asyncio
 import json
 import sys
 
-from redis.asyncio import Redis
+import redis
 
 from serving.gateway.quota import Lease, Limits, Scope, ScopedLimits
 from serving.gateway.quota.redis_store import RedisQuotaStore
@@ -24,14 +24,16 @@ TIMEOUT_S = 30.0
 
 
 async def main(url: str, key_id: str, limits: Limits, tries: int) -> int:
-    client = Redis.from_url(url, decode_responses=True, max_connections=tries + 1)
-    store = RedisQuotaStore(client, timeout_s=TIMEOUT_S)
+    store = RedisQuotaStore.from_url(url, timeout_s=TIMEOUT_S)
     scopes = (ScopedLimits(Scope(key_id), limits),)
     await store.usage(Scope(f"{key_id}-warm-up"))  # a connection and a script loaded first
-    await client.incr("race:ready")
-    await client.blpop(["race:go"], timeout=WAIT_S)
+    # The start signal on a client of its own (a blocking BLPOP), off the loop.
+    with redis.Redis.from_url(url) as signals:
+        signals.incr("race:ready")
+        await asyncio.to_thread(signals.blpop, ["race:go"], WAIT_S)
+    # All at once, pipelined on the store's one connection.
     outcomes = await asyncio.gather(*(store.try_reserve(scopes, 1, 2, 600) for _ in range(tries)))
-    await client.aclose()
+    await store.close()
     return sum(isinstance(outcome, Lease) for outcome, _ in outcomes)
 
 

@@ -23,7 +23,6 @@ import pytest
 import redis
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from redis.asyncio import Redis
 
 from serving.gateway.quota import (
     Lease,
@@ -35,7 +34,7 @@ from serving.gateway.quota import (
     Scope,
     ScopedLimits,
 )
-from serving.gateway.quota.redis_store import RedisQuotaStore
+from serving.gateway.quota.redis_store import DEFAULT_SETTLE_DELAY_S, RedisQuotaStore
 from serving.gateway.quota.windows import utc_day, utc_month
 from tests.gateway.conftest import eventually
 from tests.gateway.quota.conftest import SLOW_MACHINE_TIMEOUT_S
@@ -49,23 +48,30 @@ SCOPE = Scope("k1")
 ONE_SLOT = (ScopedLimits(SCOPE, Limits(max_concurrency=1, tpm=1000)),)
 # Generous: these only bound how long a broken test hangs, they are never waited out.
 DEADLINE_S = 60.0
+# Longer than any test: a settle delay that never runs out.
+LONG_S = 3600.0
 ROOT = Path(__file__).resolve().parents[3]
 
 Stores = Callable[..., RedisQuotaStore]
 
 
 @asynccontextmanager
-async def stores(url: str) -> AsyncIterator[Stores]:
+async def stores(server: RedisServer) -> AsyncIterator[Stores]:
     """Fresh store objects on one emptied Redis, as separate replicas would hold them."""
+    server.flush()
     async with AsyncExitStack() as stack:
-        flush = Redis.from_url(url)
-        await flush.flushdb()
-        await flush.aclose()
 
-        def make(clock: ManualClock | None = None) -> RedisQuotaStore:
-            client = Redis.from_url(url, decode_responses=True)
-            stack.push_async_callback(client.aclose)
-            return RedisQuotaStore(client, clock=clock, timeout_s=SLOW_MACHINE_TIMEOUT_S)
+        def make(
+            clock: ManualClock | None = None, settle_delay_s: float = DEFAULT_SETTLE_DELAY_S
+        ) -> RedisQuotaStore:
+            store = RedisQuotaStore.from_url(
+                server.url,
+                clock=clock,
+                timeout_s=SLOW_MACHINE_TIMEOUT_S,
+                settle_delay_s=settle_delay_s,
+            )
+            stack.push_async_callback(store.close)
+            return store
 
         yield make
 
@@ -87,15 +93,20 @@ def copy_of(lease: Lease) -> Lease:
 async def test_a_lease_ends_once_by_id_whichever_replica_ends_it(
     redis_server: RedisServer,
 ) -> None:
-    async with stores(redis_server.url) as make:
-        first, second = make(), make()
+    async with stores(redis_server) as make:
+        # No flush by timer in this test: endings go with the next call.
+        first, second = make(settle_delay_s=LONG_S), make(settle_delay_s=LONG_S)
         lease = await reserve(first)
         assert isinstance(lease, Lease)
         assert isinstance(await reserve(second), Refusal)  # one slot, shared
         assert await second.finish(copy_of(lease), LeaseState.SETTLED, 7)
-        # A retried settle (its answer was lost, say) never charges twice.
-        assert not await first.finish(lease, LeaseState.SETTLED, 7)
+        # The replica that issued it did not see it end: it queues its own ending (True:
+        # as far as it knows), which Redis drops. A settle never charges twice.
+        assert await first.finish(lease, LeaseState.SETTLED, 7)
+        assert not await first.finish(lease, LeaseState.SETTLED, 7)  # queued already
         assert not await second.finish(copy_of(lease), LeaseState.ABORTED, 100)
+        assert first.active_leases() == first.pending() == 1  # until Redis has it
+        await first.flush()
         usage = await first.usage(SCOPE)
         assert (usage.in_flight, usage.requests_in_window, usage.tokens_in_window) == (0, 1, 7)
         assert (usage.tokens_today, usage.tokens_this_month) == (7, 7)
@@ -109,7 +120,7 @@ async def test_a_crashed_replicas_leases_expire_with_their_reservation_charged(
     redis_server: RedisServer,
 ) -> None:
     clock = ManualClock(monotonic=1000.0, wall=utc(2024, 5, 10, 12))
-    async with stores(redis_server.url) as make:
+    async with stores(redis_server) as make:
         crashed = make(clock)
         lease = await reserve(crashed, ttl=30)
         assert isinstance(lease, Lease)
@@ -137,7 +148,7 @@ async def test_upkeep_reclaims_expired_leases_of_every_key_and_tells_their_holde
     redis_server: RedisServer,
 ) -> None:
     clock = ManualClock(monotonic=1000.0, wall=utc(2024, 5, 10, 12))
-    async with stores(redis_server.url) as make:
+    async with stores(redis_server) as make:
         store = make(clock)
         leases = []
         for key_id in ("k1", "k{2}:x", "k3"):
@@ -160,7 +171,7 @@ async def test_upkeep_reclaims_expired_leases_of_every_key_and_tells_their_holde
 async def test_a_key_and_its_models_are_separate_counters_whatever_their_names(
     redis_server: RedisServer,
 ) -> None:
-    async with stores(redis_server.url) as make:
+    async with stores(redis_server) as make:
         store = make()
         key = Scope("key:{a}")
         scopes = (
@@ -183,7 +194,7 @@ async def test_a_key_and_its_models_are_separate_counters_whatever_their_names(
 async def test_scripts_are_loaded_again_after_the_server_forgot_them(
     redis_server: RedisServer,
 ) -> None:
-    async with stores(redis_server.url) as make:
+    async with stores(redis_server) as make:
         store = make()
         assert isinstance(await reserve(store), Lease)
         with redis.Redis(port=redis_server.port) as admin:
@@ -194,14 +205,15 @@ async def test_scripts_are_loaded_again_after_the_server_forgot_them(
 def test_the_scripts_calendar_is_pythons(redis_server: RedisServer) -> None:
     common = resources.files("serving.gateway.quota").joinpath("lua/common.lua").read_text()
     with redis.Redis(port=redis_server.port, decode_responses=True) as admin:
-        script = admin.register_script(common + "\nreturn {utc_periods(tonumber(ARGV[1]))}")
+        # The wall clock as a script gets it (no endings queued), through its prelude.
+        script = admin.register_script(common + "\nreturn {utc_periods(wall)}")
         edges = [utc(2024, 2, 29, 23, 59, 59), utc(2024, 3, 1), utc(1999, 12, 31, 23, 59, 59)]
         edges += [utc(2000, 2, 29, 12), utc(2100, 3, 1), utc(1970, 1, 1), utc(2023, 12, 31, 12)]
 
         @settings(max_examples=300, deadline=None, database=None)
         @given(st.floats(0, calendar.timegm((2200, 1, 1, 0, 0, 0))) | st.sampled_from(edges))
         def same(wall: float) -> None:
-            day, month = script(keys=["qs:{t}:leases"], args=[repr(wall)])
+            day, month = script(keys=["qs:{t}:leases"], args=[repr(wall), repr(wall), 0])
             assert (day, month) == (utc_day(wall), utc_month(wall))
 
         same()
@@ -264,8 +276,8 @@ def test_replicas_racing_for_concurrency_admit_exactly_the_limit(
 
 @asynccontextmanager
 async def stores_without_flush(url: str) -> AsyncIterator[RedisQuotaStore]:
-    client = Redis.from_url(url, decode_responses=True)
+    store = RedisQuotaStore.from_url(url, timeout_s=SLOW_MACHINE_TIMEOUT_S)
     try:
-        yield RedisQuotaStore(client, timeout_s=SLOW_MACHINE_TIMEOUT_S)
+        yield store
     finally:
-        await client.aclose()
+        await store.close()

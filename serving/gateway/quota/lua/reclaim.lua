@@ -1,4 +1,11 @@
--- End up to `limit` of one key id's leases past their expiry (QuotaStore.reclaim_expired).
--- ARGV: now, wall ('' ''), limit. Reply: {id, charge, id, charge, ...}.
-local now = clock(ARGV[1], ARGV[2])
-return reclaim(now, math.floor(now), tonumber(ARGV[3]))
+-- End up to `limit` expired leases of each of several key ids (QuotaStore.reclaim_expired):
+-- one call for many key ids, instead of one per key id.
+-- Own keys: the key ids' lease hashes. Own ARGV: limit.
+-- Reply: per key id, {id, charge, id, charge, ...}.
+local bucket = math.floor(now)
+local limit = tonumber(arg(1))
+local reply = {}
+for i = ENDINGS + 1, #KEYS do
+  reply[#reply + 1] = reclaim(prefix_of(KEYS[i]), now, bucket, limit)
+end
+return answer(reply)

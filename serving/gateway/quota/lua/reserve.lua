@@ -1,28 +1,34 @@
--- Reserve for one request, all or nothing (QuotaStore.try_reserve), in one atomic step.
--- ARGV: now, wall ('' ''), lease id, ttl, prompt tokens, max tokens; then per scope its
--- name and limits: max concurrency, requests/min, tokens/min, tokens/day, tokens/month
--- ('' for none).
+-- Reserve for one request, all or nothing (QuotaStore.try_reserve), in one atomic step,
+-- after the prelude ended the leases queued for ending (so a request that just ended has
+-- freed its slot for this one).
+-- Own key: the key id's lease hash. Own ARGV: lease id, ttl, prompt tokens, max tokens, the
+-- index set to add the key id to ('' if it is there already), the key id; then per scope
+-- its name and limits:
+-- max concurrency, requests/min, tokens/min, tokens/day, tokens/month ('' for none).
 -- Reply: {'admitted', head, reclaimed, expires_at, {requests, tokens} in each window after
 -- the booking, per scope}, or {'refused', head, reclaimed, state reply per scope} (what
 -- decision.decide needs to name the refusal), or {'cancelled'} for a reservation that was
 -- given up on (its answer was lost) before it arrived here.
 -- head: {now, wall, bucket, day, month}.
-local now, wall = clock(ARGV[1], ARGV[2])
-local id, ttl = ARGV[3], tonumber(ARGV[4])
-local tokens = tonumber(ARGV[5]) + tonumber(ARGV[6])
+local p = prefix_of(own_key(1))
+local id, ttl = arg(1), tonumber(arg(2))
+local tokens = tonumber(arg(3)) + tonumber(arg(4))
 local bucket = math.floor(now)
 local day, month = utc_periods(wall)
 local head = {fmt(now), fmt(wall), bucket, day, month}
 
-if redis.call('HEXISTS', prefix .. 'ended', id) == 1 then
-  return {'cancelled'}
+if redis.call('HEXISTS', p .. 'ended', id) == 1 then
+  return answer({'cancelled'})
 end
-local reclaimed = reclaim(now, bucket, 64)
+if arg(5) ~= '' then
+  redis.call('SADD', arg(5), arg(6))
+end
+local reclaimed = reclaim(p, now, bucket, 64)
 
 -- decision.decide's admit condition, limit by limit, over every scope before booking any.
 local scopes, states, admit = {}, {}, true
-for i = 7, #ARGV, 6 do
-  local state = scope_read(ARGV[i], bucket, day, month, true)
+for i = OWN_ARGS + 7, #ARGV, 6 do
+  local state = scope_read(p, ARGV[i], bucket, day, month)
   if exceeds(state.in_flight + 1, ARGV[i + 1]) or exceeds(state.req_used + 1, ARGV[i + 2])
       or exceeds(state.tok_used + tokens, ARGV[i + 3])
       or exceeds(state.today + tokens, ARGV[i + 4])
@@ -34,28 +40,27 @@ for i = 7, #ARGV, 6 do
 end
 
 if not admit then
+  -- decision.decide names the refusal and its wait from every bucket: read them now.
   local reply = {'refused', head, reclaimed}
-  for _, state in ipairs(states) do
-    reply[#reply + 1] = state_reply(state)
+  for _, scope in ipairs(scopes) do
+    reply[#reply + 1] = state_reply(scope_view(p, scope, bucket, day, month))
   end
-  return reply
+  return answer(reply)
 end
 
 local reply = {'admitted', head, reclaimed, fmt(now + ttl)}
 for i, scope in ipairs(scopes) do
-  local base = prefix .. scope
+  local base, state = p .. scope, states[i]
   redis.call('HINCRBY', base .. ':n', 'f', 1)
-  period_add(base .. ':n', 'd', 'ds', day, tokens)
-  period_add(base .. ':n', 'm', 'ms', month, tokens)
+  period_add(base .. ':n', 'd', 'ds', day, tokens, state.day)
+  period_add(base .. ':n', 'm', 'ms', month, tokens, state.month_name)
   redis.call('EXPIRE', base .. ':n', KEEP_STATE_S)
-  redis.call('HINCRBY', base .. ':r', int(bucket), 1)
-  redis.call('HINCRBY', base .. ':t', int(bucket), tokens)
-  redis.call('EXPIRE', base .. ':r', KEEP_WINDOW_S)
-  redis.call('EXPIRE', base .. ':t', KEEP_WINDOW_S)
-  reply[#reply + 1] = {states[i].req_used + 1, states[i].tok_used + tokens}
+  window_add(base .. ':req', bucket, 1, state.req_low)
+  window_add(base .. ':tok', bucket, tokens, state.tok_low)
+  reply[#reply + 1] = {state.req_used + 1, state.tok_used + tokens}
 end
-local record = cjson.encode({s = scopes, p = tonumber(ARGV[5]), x = tonumber(ARGV[6]),
+local record = cjson.encode({s = scopes, p = tonumber(arg(3)), x = tonumber(arg(4)),
   b = bucket, d = day, m = month})
-redis.call('HSET', prefix .. 'leases', id, record)
-redis.call('ZADD', prefix .. 'expiry', fmt(now + ttl), id)
-return reply
+redis.call('HSET', p .. 'leases', id, record)
+redis.call('ZADD', p .. 'expiry', fmt(now + ttl), id)
+return answer(reply)

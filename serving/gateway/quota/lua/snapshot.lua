@@ -1,10 +1,11 @@
--- Read scopes' counters, changing nothing (QuotaStore.status and usage).
--- ARGV: now, wall ('' ''), then scope names. Reply: {head, state reply per scope}.
-local now, wall = clock(ARGV[1], ARGV[2])
+-- Read scopes' counters, changing nothing else (QuotaStore.status and usage).
+-- Own key: the key id's lease hash. Own ARGV: scope names.
+-- Reply: {head, state reply per scope}.
+local p = prefix_of(own_key(1))
 local bucket = math.floor(now)
 local day, month = utc_periods(wall)
 local reply = {{fmt(now), fmt(wall), bucket, day, month}}
-for i = 3, #ARGV do
-  reply[#reply + 1] = state_reply(scope_read(ARGV[i], bucket, day, month, false))
+for i = OWN_ARGS + 1, #ARGV do
+  reply[#reply + 1] = state_reply(scope_view(p, ARGV[i], bucket, day, month))
 end
-return reply
+return answer(reply)

@@ -1,0 +1,232 @@
+"""Keys in Redis: one store shared by every gateway replica and by `serving keys --redis-url`.
+
+    store = RedisKeyStore.from_url("redis://:PASSWORD@redis:6379/0")
+    store.refresh()                                  # load, or reload if anything changed
+    record, secret = store.create("team-a", limits=Limits(rpm=60))
+    store.authenticate(secret)                       # from memory: no round trip
+
+Layout, under a namespace (default `qwen-serving:keys`) written in braces, a hash tag, so
+that a Redis Cluster would keep the three in one slot and one MULTI may span them:
+- `{qwen-serving:keys}:records`, a hash: key id -> the record's declarative form (`record`)
+  as JSON, without `revoked`. It holds the secret's SHA-256, never the secret.
+- `{qwen-serving:keys}:revoked`, a set of revoked key ids: a revocation is one SADD, so there
+  is nothing to read, modify and write back, and doing it twice is harmless.
+- `{qwen-serving:keys}:version`, a random token replaced in the same MULTI as every change.
+  Not a counter: after Redis restarts empty, or fails over to a replica that lags, a counter
+  can come back to a number a gateway has already seen; a fresh token cannot.
+
+Lookups never touch Redis: `get`, `list_keys` and `authenticate` answer from the snapshot the
+last `refresh` loaded, so a request costs no round trip. `refresh` reads the version (one
+GET) and loads everything again (one MULTI: version, records, revocations) only when it
+moved. A gateway calls it every second (`redis_refresh`), so a key created or revoked from
+anywhere takes effect in every replica within about a second (the interval plus one round
+trip). `create` and `revoke` refresh the store that made them, which sees its own writes at
+once, as a SQLite store does.
+
+While Redis is unreachable, `refresh` raises `KeyStoreUnavailable` and the snapshot stays as
+it was: known keys keep working and revocations wait until Redis answers again. A Redis that
+comes back empty (no persistence) empties the snapshot at the next refresh, as it should:
+give it persistence. A record that does not parse is left out and logged by its id, so its
+key fails closed while every other key and every revocation still loads.
+
+Every redis-py error becomes `KeyStoreUnavailable`, raised `from None` so that no chained
+message travels with it; its text names Redis's address, never the URL's password.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from redis import Redis
+from redis.exceptions import RedisError
+
+from serving.errors import ServingError
+from serving.gateway.keys.record import NO_LIMITS, KeyRecord, new_records
+from serving.gateway.keys.store import authenticate_with
+from serving.gateway.quota.limits import Limits
+
+log = logging.getLogger(__name__)
+
+DEFAULT_NAMESPACE = "qwen-serving:keys"
+# Off the request path: generous, so a busy Redis is waited for, a lost one not for long.
+DEFAULT_TIMEOUT_S = 2.0
+URL_FORMS = "redis://[:PASSWORD@]HOST[:PORT][/DB], rediss://... or unix://PATH"
+
+
+class KeyStoreUnavailable(ServingError):
+    """Redis did not answer, or refused; the message holds no password and no key."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Snapshot:
+    """Swapped whole, so a reader never pairs one load's records with another's version."""
+
+    version: str | None
+    records: Mapping[str, KeyRecord] = field(default_factory=dict)
+
+
+# Before the first load: a version no Redis has (a missing version key reads as None).
+_UNLOADED = _Snapshot(version="")
+
+
+class RedisKeyStore:
+    """Usage: `RedisKeyStore.from_url(url)`; nothing is read until `refresh`."""
+
+    def __init__(self, client: Redis, *, namespace: str = DEFAULT_NAMESPACE) -> None:
+        self._client = client
+        tag = "{" + namespace + "}"
+        self._records_key = f"{tag}:records"
+        self._revoked_key = f"{tag}:revoked"
+        self._version_key = f"{tag}:version"
+        self._snapshot = _UNLOADED
+
+    @classmethod
+    def from_url(
+        cls, url: str, *, timeout_s: float = DEFAULT_TIMEOUT_S, namespace: str = DEFAULT_NAMESPACE
+    ) -> RedisKeyStore:
+        try:
+            client = Redis.from_url(
+                url,
+                decode_responses=True,
+                socket_timeout=timeout_s,
+                socket_connect_timeout=timeout_s,
+            )
+        except ValueError:
+            # Not redis-py's message: for some malformed URLs it quotes the password.
+            raise ServingError(f"not a valid Redis URL (expected {URL_FORMS})") from None
+        return cls(client, namespace=namespace)
+
+    @property
+    def location(self) -> str:
+        settings = self._client.connection_pool.connection_kwargs
+        if "path" in settings:
+            return f"Redis at unix:{settings['path']}"
+        host, port = settings.get("host") or "localhost", settings.get("port") or 6379
+        return f"Redis at {host}:{port}/{settings.get('db') or 0}"
+
+    @property
+    def loaded(self) -> bool:
+        return self._snapshot is not _UNLOADED
+
+    def get(self, key_id: str) -> KeyRecord | None:
+        return self._snapshot.records.get(key_id)
+
+    def list_keys(self) -> list[KeyRecord]:
+        records = self._snapshot.records.values()
+        return sorted(records, key=lambda record: (record.created_at, record.key_id))
+
+    def authenticate(self, secret: str) -> KeyRecord | None:
+        return authenticate_with(self, secret)
+
+    def refresh(self) -> bool:
+        """Load the keys if they changed since the last load; True if a new snapshot was
+        loaded. `KeyStoreUnavailable` (and the old snapshot kept) if Redis cannot answer."""
+        with self._redis_errors():
+            if self._client.get(self._version_key) == self._snapshot.version:
+                return False
+            with self._client.pipeline(transaction=True) as pipe:
+                pipe.get(self._version_key)
+                pipe.hgetall(self._records_key)
+                pipe.smembers(self._revoked_key)
+                version, documents, revoked = pipe.execute()
+        self._snapshot = _Snapshot(version, _parse(documents, revoked))
+        return True
+
+    def create(
+        self,
+        name: str,
+        *,
+        limits: Limits = NO_LIMITS,
+        models: Sequence[str] = (),
+        model_limits: Mapping[str, Limits] | None = None,
+        now: datetime | None = None,
+    ) -> tuple[KeyRecord, str]:
+        """Store a new key; returns it with its secret, which exists nowhere else."""
+        candidates = new_records(
+            name, limits=limits, models=models, model_limits=model_limits, now=now
+        )
+        for record, secret in candidates:
+            with self._redis_errors(), self._client.pipeline(transaction=True) as pipe:
+                # HSETNX: an id another writer took is never overwritten. Bumping the
+                # version for a collision too costs readers one needless reload, nothing more.
+                pipe.hsetnx(self._records_key, record.key_id, _encode(record))
+                pipe.set(self._version_key, _new_version())
+                added, _ = pipe.execute()
+            if added:
+                self.refresh()
+                return record, secret
+        raise ServingError(f"could not find a free key id in {self.location}")
+
+    def revoke(self, key_id: str) -> KeyRecord:
+        """Mark a key revoked (again is fine); unknown ids are an error naming the id."""
+        with self._redis_errors():
+            # Records are never deleted, so one that exists now still exists at the SADD.
+            exists = self._client.hexists(self._records_key, key_id)
+            if exists:
+                with self._client.pipeline(transaction=True) as pipe:
+                    pipe.sadd(self._revoked_key, key_id)
+                    pipe.set(self._version_key, _new_version())
+                    pipe.execute()
+        if not exists:
+            raise ServingError(f"key id {key_id!r}: no such key in {self.location}")
+        self.refresh()
+        record = self.get(key_id)
+        if record is None:  # stored, but does not parse (logged by `refresh`)
+            raise ServingError(f"key id {key_id!r}: revoked, but its record in Redis is invalid")
+        return record
+
+    def close(self) -> None:
+        self._client.close()
+
+    @contextmanager
+    def _redis_errors(self) -> Iterator[None]:
+        try:
+            yield
+        except RedisError as exc:
+            raise KeyStoreUnavailable(
+                f"{self.location} is unavailable ({self._describe(exc)})"
+            ) from None
+
+    def _describe(self, exc: RedisError) -> str:
+        lines = str(exc).splitlines()
+        text = f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+        # redis-py's messages name the address, not the password; this makes sure of it.
+        password = self._client.connection_pool.connection_kwargs.get("password")
+        return text.replace(password, "***") if password else text
+
+
+def _encode(record: KeyRecord) -> str:
+    document = record.to_document()
+    del document["revoked"]  # the revoked set says that
+    return json.dumps(document, sort_keys=True)
+
+
+def _parse(documents: Mapping[str, str], revoked: set[str]) -> dict[str, KeyRecord]:
+    records: dict[str, KeyRecord] = {}
+    for key_id, text in documents.items():
+        try:
+            document: Any = json.loads(text)
+            if isinstance(document, dict):
+                document["revoked"] = key_id in revoked
+            record = KeyRecord.from_document(document, where=f"Redis record {key_id!r}")
+        except (ValueError, ServingError) as exc:
+            # Safe to log: a record holds no secret, and the one error about its digest
+            # does not quote the digest.
+            log.error("leaving out key %r: its record in Redis is invalid: %s", key_id, exc)
+            continue
+        if record.key_id != key_id:
+            log.error("leaving out key %r: its record in Redis names %r", key_id, record.key_id)
+            continue
+        records[key_id] = record
+    return records
+
+
+def _new_version() -> str:
+    return secrets.token_hex(8)

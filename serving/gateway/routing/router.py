@@ -1,0 +1,174 @@
+"""Which vLLM engine a request goes to, over the engines behind one gateway.
+
+    router = Router(engines, policy="affinity", overload=8)
+    engine = router.choose(prefix_hashes)          # None: no engine in rotation (503 at once)
+    other = router.choose(prefix_hashes, exclude=engine)   # a failover target, or None
+    router.connect_failed(engine)                  # out of the rotation until a probe passes
+    router.probed(engine, reason)                  # the health monitor's verdict
+
+Rotation: an engine is in it while its last `/health` probe passed (or timed out, fewer than
+`TIMEOUTS_TO_LEAVE` times in a row: a busy vLLM answers slowly) and no connection to it has
+failed since. A failed connect, or a probe answered with an error or refused, takes it out at
+once (the next passing probe puts it back, its prefix memory dropped: a restarted engine's
+cache is empty); with none in rotation a request gets 503 at once instead of waiting out a
+connect timeout.
+
+Policies (`GatewaySettings.routing`):
+- `least-loaded`: the engine with the fewest requests in flight from this gateway; ties go
+  round the engines in turn.
+- `round-robin`: the engines in turn (a baseline for the affinity benchmark).
+- `affinity`: the engine that served the longest prefix of this prompt (`prefix_affinity`),
+  so a conversation stays on the engine whose prefix cache holds it, unless that engine has
+  `overload` more requests in flight than the least-loaded one (then least-loaded: a hot
+  conversation or a shared system prompt must not pile everything on one engine). Requests
+  with nothing to key on are least-loaded.
+
+Each gateway replica keeps its own load counts and prefix table, so routing costs no network
+call. Replicas learn a conversation's engine from the turns they see: when a load balancer
+spreads one conversation's turns over several replicas, a turn can land on another engine
+(a prefix-cache miss, never a wrong answer).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal
+
+from serving.gateway.routing.prefix_affinity import PrefixTable
+from serving.gateway.upstream import UpstreamClient
+
+Policy = Literal["affinity", "least-loaded", "round-robin"]
+CONNECT_FAILED = "connecting failed"
+NOT_CHECKED = "upstream not checked yet"
+# Health probes in a row that must time out before an engine in the rotation leaves it.
+TIMEOUTS_TO_LEAVE = 3
+
+
+class Engine:
+    """One vLLM replica: its client and what this gateway knows of it."""
+
+    __slots__ = (
+        "client",
+        "failovers",
+        "in_flight",
+        "index",
+        "label",
+        "reason",
+        "requests",
+        "timeouts",
+    )
+
+    def __init__(self, index: int, client: UpstreamClient) -> None:
+        self.index = index
+        self.label = str(index)
+        """The metric label: the position in --upstream (addresses stay out of metrics)."""
+        self.client = client
+        self.reason: str | None = NOT_CHECKED
+        """Why it is out of the rotation; None while it is in."""
+        self.in_flight = 0
+        self.requests = 0
+        """Requests sent to it (failover attempts included)."""
+        self.failovers = 0
+        """Requests that failed on it before a response and were sent to another engine."""
+        self.timeouts = 0
+        """Health probes in a row that got no answer in time."""
+
+    @property
+    def in_rotation(self) -> bool:
+        return self.reason is None
+
+
+class Router:
+    def __init__(self, engines: Sequence[Engine], *, policy: Policy, overload: int) -> None:
+        if not engines:
+            raise ValueError("a router needs at least one engine")
+        self.engines = tuple(engines)
+        self.policy = policy
+        self._overload = overload
+        self._next = 0
+        self._prefixes = PrefixTable()
+
+    @property
+    def wants_prefixes(self) -> bool:
+        """Whether `choose` uses prompt prefixes (only worth computing then)."""
+        return self.policy == "affinity" and len(self.engines) > 1
+
+    def choose(self, prefixes: Sequence[int] = (), exclude: Engine | None = None) -> Engine | None:
+        """The engine for a request; None when no engine (other than `exclude`) is in the
+        rotation."""
+        engines = self.engines
+        if len(engines) == 1:
+            only = engines[0]
+            return only if only.reason is None and only is not exclude else None
+        eligible = [engine.reason is None and engine is not exclude for engine in engines]
+        if self.policy == "round-robin":
+            return self._in_turn(eligible)
+        least = self._least_loaded(eligible)
+        if least is None or not prefixes or self.policy != "affinity":
+            return least
+        held = self._prefixes.longest_match(prefixes, eligible)
+        chosen = least
+        if held is not None and engines[held].in_flight <= least.in_flight + self._overload:
+            chosen = engines[held]
+        self._prefixes.remember(prefixes, chosen.index)
+        return chosen
+
+    def connect_failed(self, engine: Engine) -> None:
+        engine.reason = CONNECT_FAILED
+
+    def probed(self, engine: Engine, reason: str | None, *, timed_out: bool = False) -> None:
+        """The health monitor's verdict on `engine` (None: healthy). A probe that got no
+        answer in time takes an engine out only on the `TIMEOUTS_TO_LEAVE`th in a row: vLLM
+        answers `/health` after its engine core, so a busy engine is slow to answer, and
+        one slow probe must not take a working engine (or the only one) out."""
+        if timed_out:
+            engine.timeouts += 1
+            if engine.reason is None and engine.timeouts < TIMEOUTS_TO_LEAVE:
+                return
+        else:
+            engine.timeouts = 0
+        if reason is None and engine.reason is not None:
+            self._prefixes.forget_engine(engine.index)
+        engine.reason = reason
+
+    @property
+    def unready_reason(self) -> str | None:
+        """None while any engine is in the rotation, else why none is."""
+        if any(engine.reason is None for engine in self.engines):
+            return None
+        if len(self.engines) == 1:
+            return self.engines[0].reason
+        return "no engine in rotation: " + "; ".join(
+            f"engine {engine.label}: {engine.reason}" for engine in self.engines
+        )
+
+    def gateway_location(self, location: bytes) -> bytes:
+        """A redirect target as the client may see it: relative when it points at any engine."""
+        for engine in self.engines:
+            relative = engine.client.gateway_location(location)
+            if relative != location:
+                return relative
+        return location
+
+    def _in_turn(self, eligible: list[bool]) -> Engine | None:
+        count = len(self.engines)
+        for step in range(count):
+            index = (self._next + step) % count
+            if eligible[index]:
+                self._next = index + 1
+                return self.engines[index]
+        return None
+
+    def _least_loaded(self, eligible: list[bool]) -> Engine | None:
+        engines = self.engines
+        count = len(engines)
+        best: Engine | None = None
+        start = self._next
+        for step in range(count):
+            index = (start + step) % count
+            engine = engines[index]
+            if eligible[index] and (best is None or engine.in_flight < best.in_flight):
+                best = engine
+        if best is not None:
+            self._next = best.index + 1
+        return best

@@ -1,0 +1,72 @@
+"""Redis for the key store tests: one `redis-server` for the session, shared by tests that
+each work under a namespace of their own; a server of its own for a test that stops it.
+
+    store = redis_keys(redis_server.url)        # a fresh namespace, closed after the test
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from redis import Redis
+
+from serving.gateway.keys.redis_store import DEFAULT_NAMESPACE, RedisKeyStore
+from tests.gateway.quota.redis_server import RedisServer
+
+StoreFactory = Callable[..., RedisKeyStore]
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path_factory.mktemp("redis-keys"))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
+    """A redis-server of this test's own, free to be paused, killed and started again."""
+    server = RedisServer(tmp_path / "redis", password="pw-" + uuid.uuid4().hex)
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def redis_keys() -> Iterator[StoreFactory]:
+    """`redis_keys(url, namespace=None, **options)`: a store over its own client; stores
+    made in one test share a fresh namespace unless told otherwise."""
+    namespace = f"test-{uuid.uuid4().hex}:keys"
+    made: list[RedisKeyStore] = []
+
+    def make(url: str, *, namespace: str = namespace, **options: float) -> RedisKeyStore:
+        store = RedisKeyStore.from_url(url, namespace=namespace, **options)
+        made.append(store)
+        return store
+
+    yield make
+    for store in made:
+        store.close()
+
+
+@pytest.fixture
+def default_namespace(redis_server: RedisServer) -> Iterator[str]:
+    """The session server's URL with the default namespace emptied before and after: for
+    tests of `serving keys --redis-url` and the gateway, which always use that namespace."""
+
+    def empty() -> None:
+        client = Redis.from_url(redis_server.url)
+        try:
+            names = list(client.scan_iter(match="{" + DEFAULT_NAMESPACE + "}:*"))
+            if names:
+                client.delete(*names)
+        finally:
+            client.close()
+
+    empty()
+    yield redis_server.url
+    empty()
