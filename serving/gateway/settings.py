@@ -164,7 +164,7 @@ class GatewaySettings(BaseSettings):
     process with each limit divided by --redis-replicas (rounded down)."""
     redis_replicas: int = Field(default=1, ge=1)
     """How many gateway replicas share Redis: the `local` failure policy grants each one
-    this share of every limit, so together they stay within it."""
+    this share of every limit, so replicas that all lost Redis together stay within it."""
 
     @field_validator("upstream")
     @classmethod

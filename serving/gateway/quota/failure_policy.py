@@ -11,10 +11,12 @@ the policy's answer instead, within that bound:
             until the store answers again. No key can exceed a limit, at the price of serving
             nothing while Redis is away.
     local   reservations are made against counters in this process, each limit divided by
-            `replicas` (rounded down), so N replicas together grant at most the limit per
-            window. Their day/month budgets start from nothing (Redis's totals are out of
-            reach) and are not added to Redis afterwards: an outage can cost a key up to one
-            extra budget, spread over the replicas. Availability first.
+            `replicas` (rounded down), so N replicas that all lost Redis together grant at
+            most the limit per window (while only some lost it, their shares come on top of
+            what the others admit through Redis). Their day/month budgets start from nothing
+            (Redis's totals are out of reach) and are not added to Redis afterwards: an outage
+            can cost a key up to one extra budget, spread over the replicas. Availability
+            first.
 
 Leases that live in the shared store are only ever ended there, by id. The shared store
 queues its endings and sends them with its next call (`redis_store`); they wait there while
