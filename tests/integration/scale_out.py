@@ -1,4 +1,4 @@
-"""Processes for the scale-out tests (tests/integration/test_scale_out*.py), and what the
+"""Processes for the scale-out tests (tests/integration/replicas/), and what the
 tests do to them and read off them.
 
     with scale_out_topology(directory) as topology:     # serving up x2 engines, Redis, r0-r2

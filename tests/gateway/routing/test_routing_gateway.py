@@ -2,7 +2,7 @@
 first byte only, and 503 at once when no engine is left (DESIGN.md section 7, cases 6 and 13).
 
 Fake engines stand in for vLLM here because the faults (a 500, a reset before the headers, a
-reset mid-stream) must happen on demand; tests/integration/test_scale_out.py does the same
+reset mid-stream) must happen on demand; tests/integration/replicas/ does the same
 over two real vLLM engines.
 """
 

@@ -84,7 +84,7 @@ def churn(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Churn]:
     try:
         flags = ["--keys-db", str(keys.path), "--redis-url", redis_server.url]
         flags += ["--redis-replicas", "3", "--log-level", "warning"]
-        # This test is about accounting, not outages (test_scale_out.py has those): a
+        # This test is about accounting, not outages (test_survives_faults.py has those): a
         # Redis timeout no scheduling stall of this machine reaches.
         flags += ["--redis-timeout-s", "10"]
         for index in range(3):
