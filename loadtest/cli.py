@@ -2,14 +2,16 @@
 
 Exit codes: 0 all targets met (or the clients agree, or the measurement agrees with the
 memory plan), 1 a target missed (or they disagree), 2 the test could not run (bad input,
-unreachable host, Locust failed).
+unreachable host, Locust failed), 3 the cross-check is inconclusive (a client's own rounds
+spread wider than the tolerance: the machine is too noisy to tell).
 
 Usage:
   python -m loadtest run --host http://127.0.0.1:8000 --api-key sk-... \\
       --engine-metrics http://127.0.0.1:8001/metrics --workload short-chat --users 4 \\
       --duration 30s --out var/loadtest/run
   python -m loadtest sweep ... --levels 1,2,4,8
-  python -m loadtest crosscheck --host http://127.0.0.1:8001 --concurrency 4 --num-prompts 64 ...
+  python -m loadtest crosscheck --host http://127.0.0.1:8001 --concurrency 4 --num-prompts 128 \\
+      --rounds 3 ...
   python -m loadtest memory --profile cpu-tiny-smallkv --host http://127.0.0.1:8001 \\
       --engine-metrics http://127.0.0.1:8001/metrics --out var/loadtest/memory
 """
@@ -25,6 +27,7 @@ from typing import Any
 from loadtest.analysis import analyze
 from loadtest.config import StepRamp
 from loadtest.crosscheck import run_crosscheck
+from loadtest.crosscheck_verdict import TOLERANCE, RoundResult
 from loadtest.errors import LoadTestError
 from loadtest.memory import run_memory
 from loadtest.memory_plan import (
@@ -107,7 +110,13 @@ def build_parser() -> argparse.ArgumentParser:
     cross = commands.add_parser("crosscheck", help="ours vs vllm bench serve, same workload")
     _common(cross)
     cross.add_argument("--concurrency", type=int, default=4)
-    cross.add_argument("--num-prompts", type=int, default=64)
+    cross.add_argument("--num-prompts", type=int, default=128, help="prompts per round")
+    cross.add_argument(
+        "--rounds", type=int, default=3, help="rounds per client, interleaved (at least 3)"
+    )
+    cross.add_argument(
+        "--tolerance", type=float, default=TOLERANCE, help="allowed gap of the medians (0.10: 10%%)"
+    )
     memory = commands.add_parser(
         "memory", help="ramp sequences past what the memory plan says fits; plan vs measured"
     )
@@ -257,18 +266,36 @@ def command_sweep(args: argparse.Namespace, plan: Plan) -> int:
 
 
 def command_crosscheck(args: argparse.Namespace, plan: Plan) -> int:
+    if args.rounds < 3:
+        raise LoadTestError(f"--rounds {args.rounds}: a median needs at least 3 rounds a client")
+
+    def progress(r: RoundResult) -> None:
+        cpu = "-" if r.cpu_ms_per_request is None else f"{r.cpu_ms_per_request:.2f}"
+        print(
+            f"round {r.position}/{2 * args.rounds} {r.client} #{r.index}: "
+            f"{r.output_tokens_per_s:,.1f} output tok/s, mean TTFT {r.mean_ttft_ms:,.1f} ms, "
+            f"client CPU {cpu} ms/request, {r.completed} ok / {r.failed} failed",
+            flush=True,
+        )
+
     result = run_crosscheck(
         plan,
         base_url=args.host,
         concurrency=args.concurrency,
         num_prompts=args.num_prompts,
+        rounds=args.rounds,
         out=args.out,
         api_key=args.api_key,
-        metrics=_metrics(args),
+        engine_metrics=args.engine_metrics,
+        tolerance=args.tolerance,
         meta=_meta(args, plan),
+        on_round=progress,
     )
-    print(result.table())
+    print(result.verdict.rounds_table())
+    print(result.verdict.table())
     print(f"result: {args.out / 'crosscheck.json'}")
+    if result.verdict.noisy:
+        return 3
     return 0 if result.agree else 1
 
 

@@ -5,11 +5,17 @@ more than BUSY_PERCENT of a core on average, requests queue inside the load gene
 latencies it reports grow and the throughput it reaches is its own limit. The runner then
 warns and the report carries the mark.
 
-Usage: `with CpuMonitor(pid) as cpu: ...; cpu.summary()`.
+It also keeps the tree's cumulative CPU time, so a caller can charge a client the CPU
+seconds it used inside a window (the cross-check's CPU per request): on a machine where the
+clients share cores with the engine, every CPU second a client spends is one the engine it
+measures does not get.
+
+Usage: `with CpuMonitor(pid) as cpu: ...; cpu.summary(); cpu.cpu_seconds((t0, t1))`.
 """
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from dataclasses import dataclass, field
@@ -27,6 +33,7 @@ class CpuSummary:
     host_mean_percent: float  # the whole machine, % of all cores
     bottleneck: bool
     samples: list[tuple[float, float]]  # (wall clock, busiest process %)
+    cpu_seconds: float | None = None  # the whole tree, inside the summary's window
 
 
 @dataclass
@@ -36,10 +43,13 @@ class CpuMonitor:
     _per_process: dict[int, list[tuple[float, float]]] = field(default_factory=dict)
     _host: list[tuple[float, float]] = field(default_factory=list)
     _busiest: list[tuple[float, float]] = field(default_factory=list)
+    _cumulative: list[tuple[float, float]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self._stop = threading.Event()
         self._procs: dict[int, psutil.Process] = {}
+        # Last CPU seconds seen per process: one that exited keeps what it had used.
+        self._used: dict[int, float] = {}
         self._thread = threading.Thread(target=self._loop, name="cpu-monitor", daemon=True)
 
     def _tree(self) -> list[psutil.Process]:
@@ -54,18 +64,29 @@ class CpuMonitor:
                 proc.cpu_percent(None)  # the first call only sets the baseline
         return [self._procs[p.pid] for p in found]
 
+    def _account(self, procs: list[psutil.Process], now: float) -> None:
+        for proc in procs:
+            try:
+                times = proc.cpu_times()
+            except psutil.NoSuchProcess:
+                continue
+            self._used[proc.pid] = times.user + times.system
+        self._cumulative.append((now, sum(self._used.values())))
+
     def _loop(self) -> None:
         psutil.cpu_percent(None)
-        self._tree()
+        self._account(self._tree(), time.time())
         while not self._stop.wait(self.interval_s):
             busiest, now = 0.0, time.time()
-            for proc in self._tree():
+            procs = self._tree()
+            for proc in procs:
                 try:
                     percent = proc.cpu_percent(None)
                 except psutil.NoSuchProcess:
                     continue
                 self._per_process.setdefault(proc.pid, []).append((now, percent))
                 busiest = max(busiest, percent)
+            self._account(procs, now)
             self._host.append((now, psutil.cpu_percent(None)))
             self._busiest.append((now, busiest))
 
@@ -81,6 +102,20 @@ class CpuMonitor:
     ) -> None:
         self._stop.set()
         self._thread.join(timeout=self.interval_s + 5)
+        # A last reading, so the samples reach past whatever ended just before (a process
+        # that exited keeps the CPU it had used).
+        self._account(self._tree(), time.time())
+
+    def cpu_seconds(self, window: tuple[float, float]) -> float | None:
+        """CPU seconds the tree used from `window[0]` to `window[1]` (wall clock).
+
+        Linear between samples (a window edge between two samples gets its share of the
+        interval); None when the samples do not cover the window.
+        """
+        points = list(self._cumulative)
+        if len(points) < 2 or points[0][0] > window[0] or points[-1][0] < window[1]:
+            return None
+        return _at(points, window[1]) - _at(points, window[0])
 
     def summary(self, window: tuple[float, float] | None = None) -> CpuSummary:
         """Means over `window` (wall clock), leaving out Locust's CPU-heavy start-up."""
@@ -99,4 +134,13 @@ class CpuMonitor:
             host_mean_percent=sum(host) / len(host) if host else 0.0,
             bottleneck=worst >= BUSY_PERCENT,
             samples=list(self._busiest),
+            cpu_seconds=None if window is None else self.cpu_seconds(window),
         )
+
+
+def _at(points: list[tuple[float, float]], t: float) -> float:
+    """The cumulative value at `t`, interpolated; `points` are (time, value), time-ordered."""
+    for (t0, v0), (t1, v1) in itertools.pairwise(points):
+        if t0 <= t <= t1:
+            return v0 if t1 == t0 else v0 + (v1 - v0) * (t - t0) / (t1 - t0)
+    return points[-1][1] if t > points[-1][0] else points[0][1]

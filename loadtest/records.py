@@ -32,6 +32,8 @@ class RequestRecord:
     itl_s: list[float]
     prompt_tokens: int
     output_tokens: int
+    # Sent again after a kept-alive connection closed under it unread (loadtest.user).
+    resends: int = 0
 
     @property
     def end(self) -> float:
@@ -45,7 +47,14 @@ class RequestRecord:
 
     @classmethod
     def of(
-        cls, start: float, scenario: str, status: int, result: StreamResult, error: str | None
+        cls,
+        start: float,
+        scenario: str,
+        status: int,
+        result: StreamResult,
+        error: str | None,
+        *,
+        resends: int = 0,
     ) -> RequestRecord:
         """`error` overrides the stream's verdict (a non-200 has no stream to judge)."""
         return cls(
@@ -59,6 +68,7 @@ class RequestRecord:
             itl_s=[round(gap, 6) for gap in result.itl_s],
             prompt_tokens=result.prompt_tokens,
             output_tokens=result.output_tokens,
+            resends=resends,
         )
 
 

@@ -16,10 +16,24 @@ has the wrong number of tokens is a failure.
 Users are closed-loop (no wait time): N users keep N requests in flight, like vLLM's
 benchmark client at a maximum concurrency of N and an infinite request rate (the cross-check's
 `BenchServe(max_concurrency=N, request_rate=math.inf)`).
+
+A kept-alive connection the server closed under a request is not a failed request. Uvicorn
+(vLLM's server and our gateway) closes a connection idle for its keep-alive timeout (5 s);
+when its process stalls past that (a busy 2-core machine stalls processes for seconds),
+uvloop runs the expired timer before reading what arrived meanwhile, so a request sent on a
+connection that looked alive is dropped unread: geventhttpclient raises
+HTTPConnectionClosed (nothing of a response came back) and, rightly, never resends a POST
+by itself. The server never read that request, so the user sends it once more on a new
+connection, as browsers do for a reused connection that closed before any response byte.
+Only then: a fresh connection closed that way, or one that received any byte, stays a
+failure. A check of the connection's idle time could not prevent this (the client sent at
+once; the server was the one that stalled), and geventhttpclient already drops a pooled
+connection that the server closed while it sat idle.
 """
 
 from __future__ import annotations
 
+import gc
 import itertools
 import os
 import random
@@ -28,6 +42,8 @@ from pathlib import Path
 from typing import Any
 
 import gevent
+from gevent.threadpool import ThreadPool
+from geventhttpclient.response import HTTPConnectionClosed
 from locust import constant, events, task
 from locust.contrib.fasthttp import FastHttpUser, ResponseContextManager
 from locust.exception import StopUser
@@ -45,11 +61,26 @@ class _Shared:
         self.config = config
         self.prompts = read_prompts(Path(config.prompts_path))
         self.writer = RecordWriter(Path(config.records_dir))
+        # One real OS thread writes the records. A write() can block (the kernel throttles a
+        # writer while a busy disk catches up: 100 ms and more measured on the shared 2-core
+        # machine), and on the gevent loop that would stop every user of this process between
+        # two requests: the cross-check saw our users idle 20% of a round this way, while
+        # vLLM's client writes nothing until its run ends.
+        self.disk = ThreadPool(1)
         # Forked workers start at different places in the same prompt list.
         start = 0 if config.ordered else random.Random(os.getpid()).randrange(len(self.prompts))
         self.cursor = itertools.count(start)
         self.taken = itertools.count()
         self.users = 0
+
+    def record(self, record: RequestRecord) -> None:
+        self.disk.spawn(self.writer.write, record)
+
+    def close(self) -> None:
+        """Wait for the records still queued, then close the file."""
+        self.disk.join()
+        self.disk.kill()
+        self.writer.close()
 
     def next_prompt(self) -> Prompt | None:
         """The next prompt, or None once `max_requests` have been handed out."""
@@ -71,10 +102,24 @@ def shared() -> _Shared:
 
 def _close_records(**_: Any) -> None:
     if _shared is not None:
-        _shared.writer.close()
+        _shared.close()
 
 
 events.quitting.add_listener(_close_records)  # type: ignore[no-untyped-call]
+
+
+def _freeze_heap(**_: Any) -> None:
+    """Keep the imported heap (Locust, gevent, Flask) out of the garbage collector's reach.
+
+    A full collection walks every object the process holds, and it stops all users while
+    it runs; what Locust imported lives until exit anyway (Locust does the same before it
+    forks workers).
+    """
+    gc.collect()
+    gc.freeze()
+
+
+events.init.add_listener(_freeze_heap)  # type: ignore[no-untyped-call]
 
 
 class LLMUser(FastHttpUser):
@@ -85,6 +130,9 @@ class LLMUser(FastHttpUser):
 
     def on_start(self) -> None:
         self.state = shared()
+        # Whether the last response was read to its end, so its connection went back to the
+        # pool and the next request reuses it (see the module docstring).
+        self.kept_alive = False
         self.state.users += 1
         key = os.environ.get(API_KEY_ENV, "")
         self.headers = {"Accept": "text/event-stream", "Accept-Encoding": "identity"}
@@ -116,17 +164,12 @@ class LLMUser(FastHttpUser):
         wall = time.time()
         start = time.perf_counter()
         meter = StreamMeter(start)
-        with self.client.post(
-            self.state.config.endpoint,
-            json=self.body(prompt),
-            headers=self.headers,
-            name=prompt.scenario,
-            stream=True,
-            catch_response=True,
-        ) as response:
+        sent, resends = self.post(prompt)
+        with sent as response:
             status = response.status_code
+            self.kept_alive = False
             if status == 200:
-                read_stream(response, meter)
+                self.kept_alive = read_stream(response, meter)
                 result = meter.finish(
                     expected_output_tokens=prompt.output_tokens if prompt.ignore_eos else None
                 )
@@ -140,10 +183,31 @@ class LLMUser(FastHttpUser):
                 response.success()
             else:
                 response.failure(error)
-        record = RequestRecord.of(wall, prompt.scenario, status, result, error)
-        self.state.writer.write(record)
+        record = RequestRecord.of(wall, prompt.scenario, status, result, error, resends=resends)
+        self.state.record(record)
         if record.ok:
             self.fire_timings(record)
+
+    def post(self, prompt: Prompt) -> tuple[ResponseContextManager, int]:
+        """The streamed request, sent again once when a reused connection closed under it.
+
+        The dropped attempt is never entered as a context, so Locust never reports it; the
+        request's timings still start at the first attempt (the wait was the user's).
+        """
+        resends = 0
+        while True:
+            response = self.client.post(
+                self.state.config.endpoint,
+                json=self.body(prompt),
+                headers=self.headers,
+                name=prompt.scenario,
+                stream=True,
+                catch_response=True,
+            )
+            if resends or not self.kept_alive or not closed_unread(response):
+                return response, resends
+            self.kept_alive = False
+            resends += 1
 
     def fire_timings(self, record: RequestRecord) -> None:
         fire = self.environment.events.request.fire
@@ -158,16 +222,27 @@ class LLMUser(FastHttpUser):
                 fire(request_type="ITL", name=name, response_time=gap * 1000, **common)
 
 
-def read_stream(response: ResponseContextManager, meter: StreamMeter) -> None:
-    """Feed the meter each line as it arrives (see the module docstring for why not iter_*)."""
+def closed_unread(response: ResponseContextManager) -> bool:
+    """The connection closed (FIN or reset) before a single byte of a response arrived."""
+    return response.status_code == 0 and isinstance(
+        getattr(response, "error", None), HTTPConnectionClosed
+    )
+
+
+def read_stream(response: ResponseContextManager, meter: StreamMeter) -> bool:
+    """Feed the meter each line as it arrives (see the module docstring for why not iter_*).
+
+    True when the body was read to its end (its connection then goes back to the pool).
+    """
     raw = response._response
     if raw is None:
-        return
+        return False
     try:
         while line := raw.readline(b"\n"):
             meter.feed(line, time.perf_counter())
     except OSError:
-        return  # a reset mid-stream: the meter reports the missing [DONE]
+        return False  # a reset mid-stream: the meter reports the missing [DONE]
+    return True
 
 
 def failure_text(response: ResponseContextManager) -> str:

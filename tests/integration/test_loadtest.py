@@ -79,3 +79,39 @@ def test_locust_run_through_the_gateway_matches_the_engine_counters(
     counts = {(e["method"], e["name"]): e["num_requests"] for e in entries}
     assert counts[("POST", "chat")] == REQUESTS and counts[("TTFT", "chat")] == REQUESTS
     assert (tmp_path / "run" / "report.html").stat().st_size > 5_000
+
+
+# What the medians of our harness and vLLM's benchmark client are held to. On quiet rounds (no
+# client's own rounds spread wider than 10%) the claim itself: within 10%. On the busy 2-core
+# machine, where other processes take most of the CPU and one client's rounds spread 25-110%,
+# only what no stall moved in any run measured there (README, cross-check section): ratios
+# of 0.79-0.93 for throughput and 1.18-1.53 for mean TTFT, held with a margin.
+QUIET = 0.10
+BUSY_THROUGHPUT = (0.67, 1.5)
+BUSY_TTFT = (0.5, 2.0)
+
+
+def test_crosscheck_medians_agree_with_vllm_bench(stack: Stack, tmp_path: Path) -> None:
+    """Interleaved rounds of both clients on the real engine: the same work, medians close."""
+    tokenizer = Path(serving_env()["SERVING_HOME"]) / "models" / "qwen3-tiny"
+    out = tmp_path / "crosscheck"
+    code = main([
+        "crosscheck", "--host", stack.engine_url, "--engine-metrics", f"{stack.engine_url}/metrics",
+        "--tokenizer", str(tokenizer), "--concurrency", "4", "--num-prompts", "128",
+        "--rounds", "3", "--out", str(out),
+    ])  # fmt: skip
+    result = json.loads((out / "crosscheck.json").read_text())
+    rounds = result["round_results"]
+    assert len(rounds) == 6 and all(r["completed"] == 128 and r["failed"] == 0 for r in rounds)
+    # Distinct prompts a round, 64 tokens into 128-token blocks: the engine cached nothing.
+    assert all(r["prefix_cache_hits"] == 0 for r in rounds), rounds
+    assert all(r["cpu_ms_per_request"] and r["engine_ttft_ms"] for r in rounds), rounds
+    comparisons = {c["metric"]: c for c in result["comparisons"]}
+    throughput, ttft = comparisons["output tokens/s"], comparisons["mean TTFT (ms)"]
+    if result["noisy"]:
+        assert code == 3 and result["verdict"].startswith("INCONCLUSIVE"), result["reasons"]
+        assert BUSY_THROUGHPUT[0] < throughput["ratio"] < BUSY_THROUGHPUT[1], comparisons
+        assert BUSY_TTFT[0] < ttft["ratio"] < BUSY_TTFT[1], comparisons
+    else:
+        assert abs(throughput["ratio"] - 1) <= QUIET and abs(ttft["ratio"] - 1) <= QUIET
+        assert code == 0 and result["verdict"] == "AGREE", comparisons

@@ -50,14 +50,15 @@ def test_sweep_reports_goodput(fake: RunningFake, tokenizer_dir: Path, tmp_path:
     assert "goodput: 3 users" in (tmp_path / "sweep.html").read_text()
 
 
-def test_crosscheck_agrees_with_vllm_bench(
+def test_crosscheck_runs_interleaved_rounds_against_vllm_bench(
     fake: RunningFake, tokenizer_dir: Path, tmp_path: Path
 ) -> None:
-    """vLLM's benchmark client (a real run of vllm.benchmarks.serve) and ours, same upstream.
+    """vLLM's benchmark client (real runs of vllm.benchmarks.serve) and ours, same upstream.
 
-    The fake shares two cores with both clients here, so a few ms of scheduling noise on a
-    30 ms TTFT can exceed 10%: the test asks for the same work, a loose agreement, and an
-    explanation whenever the 10% verdict fails. The 10% claim is made on the real engine.
+    The plumbing: three rounds each, interleaved, each on a prompt set of its own, every
+    request counted by both, CPU charged to both, medians and spreads in the verdict. The
+    fake's timing is fixed (30 ms to the first token, then 5 ms a token), so the medians sit
+    close; how close the two clients are on the real engine is tests/integration's claim.
     """
     code = main(
         [
@@ -68,22 +69,36 @@ def test_crosscheck_agrees_with_vllm_bench(
             API_KEY,
             "--tokenizer",
             str(tokenizer_dir),
+            "--engine-metrics",
+            f"{fake.url}/metrics",
             "--concurrency",
             "4",
             "--num-prompts",
             "40",
+            "--rounds",
+            "3",
             "--out",
             str(tmp_path),
         ]
     )
     result = json.loads((tmp_path / "crosscheck.json").read_text())
-    assert result["vllm"]["completed"] == 40 and result["ours"]["succeeded"] == 40
-    assert result["vllm"]["total_output_tokens"] == result["ours"]["output_tokens"] == 40 * 32
-    ratios = {c["metric"]: c["ratio"] for c in result["comparisons"]}
-    assert 0.7 < ratios["output tokens/s"] < 1.3, ratios
-    # A 30 ms TTFT moves by several ms when the two cores are busy; a client that measured
-    # something else (say, the end of the response: 190 ms here) would be far outside this.
-    assert 0.5 < ratios["mean TTFT (ms)"] < 2.0, ratios
-    assert 0.5 < ratios["mean TPOT (ms)"] < 2.0, ratios
-    assert code == (0 if result["agree"] else 1)
-    assert result["agree"] or result["reasons"]
+    rounds = result["round_results"]
+    assert [r["client"] for r in rounds] == ["ours", "vllm", "vllm", "ours", "ours", "vllm"]
+    assert all(r["completed"] == 40 and r["failed"] == 0 for r in rounds), rounds
+    assert all(r["cpu_ms_per_request"] and r["cpu_ms_per_request"] > 0 for r in rounds)
+    prompts = [(tmp_path / f"round-{i:02d}-{r['client']}" / "prompts.jsonl").read_text()
+               for i, r in enumerate(rounds, start=1)]  # fmt: skip
+    assert len(set(prompts)) == 6  # no round repeats another's prompts
+    comparisons = {c["metric"]: c for c in result["comparisons"]}
+    assert [m for m, c in comparisons.items() if c["judged"]] == [
+        "output tokens/s",
+        "mean TTFT (ms)",
+    ]
+    throughput, ttft = comparisons["output tokens/s"], comparisons["mean TTFT (ms)"]
+    if not result["noisy"]:
+        # Quiet rounds: the clients measure the fake the same, within the 10%.
+        assert result["agree"] and result["verdict"] == "AGREE", comparisons
+    # Rounds the busy machine upset: only what no stall can move this far.
+    assert 0.67 < throughput["ratio"] < 1.5 and 0.5 < ttft["ratio"] < 2.0, comparisons
+    assert code == (3 if result["noisy"] else 0 if result["agree"] else 1)
+    assert (result["agree"] and not result["noisy"]) or result["reasons"]
