@@ -36,13 +36,16 @@ $(SYSTEM_STAMP): Makefile | $(STAMP)
 	@touch $@
 
 # Re-run only when the dependency list changes. vLLM's CPU wheel drags in PyPI's CUDA
-# torchvision/torchaudio/torchcodec, which break `transformers` imports on the CPU torch
-# and are not needed for text serving: remove them.
+# torchaudio/torchcodec, which break `transformers` imports on the CPU torch and serve no
+# modality we serve: remove them. Its CUDA torchvision stays (Qwen VL image processing needs
+# it): the .pth line makes it importable in every interpreter of the venv
+# (serving/engine/torchvision_compat.py says why and when to remove it).
 $(STAMP): pyproject.toml Makefile
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q -U pip
 	$(BIN)/python -m pip install -q -e '.[cpu,dev,loadtest]'
-	$(BIN)/python -m pip uninstall -y -q torchvision torchaudio torchcodec || true
+	$(BIN)/python -m pip uninstall -y -q torchaudio torchcodec || true
+	$(BIN)/python -m serving.engine.torchvision_compat
 	@touch $(STAMP)
 
 # The Kubernetes checks' tools (tests/k8s), in a venv of their own: checkov pins many packages
@@ -101,10 +104,12 @@ loadtest: $(STAMP)
 	  --gateway-metrics http://127.0.0.1:$(PORT)/metrics \
 	  --profile $(PROFILE) $(LOADTEST_ARGS) --out $(LOADTEST_OUT)/run
 
+# Ours vs vLLM's benchmark client: 5 interleaved rounds each of 128 prompts, medians compared
+# (exit 0 agree, 1 differ, 3 inconclusive: a client's own rounds spread wider than 10%).
 loadtest-crosscheck: $(STAMP)
 	$(WITH_STACK) $(BIN)/python -m loadtest crosscheck --host http://127.0.0.1:$(ENGINE_PORT) \
-	  --engine-metrics http://127.0.0.1:$(ENGINE_PORT)/metrics \
-	  --profile $(PROFILE) --concurrency 4 --num-prompts 64 --out $(LOADTEST_OUT)/crosscheck
+	  --engine-metrics http://127.0.0.1:$(ENGINE_PORT)/metrics --profile $(PROFILE) \
+	  --concurrency 4 --num-prompts 128 --rounds 5 --out $(LOADTEST_OUT)/crosscheck
 
 # The memory plan against the engine: a profile whose KV cache a few sequences fill, ramped
 # past what the planner says fits (a stack already up on these ports must run that profile).

@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from serving.engine.command import (
     DEFAULT_ENGINE_PORT,
@@ -29,8 +30,11 @@ from serving.engine.load_stats import LoadStats
 from serving.engine.process import http_ok
 from serving.engine.supervisor import Supervisor
 from serving.errors import ServingError
-from serving.gateway.settings import API_KEY_ENV, split_dev_keys
+from serving.gateway.settings import API_KEY_ENV, flag_name, split_dev_keys
 from serving.paths import dev_api_key_path, keys_db_path, logs_dir
+
+if TYPE_CHECKING:
+    from serving.profiles.model import Profile
 
 DEV_KEY_ENV = API_KEY_ENV
 
@@ -98,11 +102,12 @@ def start_gateway(
     api_key: str,
     keys_db: str | None = None,
     routing: str = "affinity",
+    settings: dict[str, int] | None = None,
 ) -> subprocess.Popen[bytes]:
     """The gateway in front of `upstream` (one engine's URL, or several comma-separated):
     keys from `keys_db` (default `paths.keys_db_path()`, managed with `serving keys`) plus
     the development key `api_key` (public id `dev`; the keys of a configured SERVING_API_KEY
-    all stay valid)."""
+    all stay valid); `settings`, more gateway settings by field name."""
     log_path = logs_dir() / "gateway.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     argv = [sys.executable, "-m", "serving.cli", "gateway", "--upstream", upstream]
@@ -111,6 +116,8 @@ def start_gateway(
     # No load balancer watches /readyz here: stop at once on SIGTERM (in-flight requests
     # still finish).
     argv += ["--drain-delay", "0"]
+    for name, value in (settings or {}).items():
+        argv += [flag_name(name), str(value)]
     # The key travels in the environment, never on a command line that `ps` shows.
     env = dict(os.environ)
     if api_key not in split_dev_keys(env.get(DEV_KEY_ENV, "")):
@@ -147,6 +154,7 @@ Serving {model} (profile {profile}); {what} became healthy in {engine_seconds:.1
   API:      {url}/v1
   API key:  {api_key}
   metrics:  {url}/metrics     health: {url}/healthz  {url}/readyz{launcher_line}
+  playground (chat in the browser): {url}/playground
 
 Try it:
   python - <<'PY'
@@ -211,7 +219,13 @@ def run(args: argparse.Namespace) -> int:
         engine_seconds = max(supervisor.wait_started() for supervisor in supervisors)
         upstream = ",".join(f"http://127.0.0.1:{port}" for port in ports)
         gateway = start_gateway(
-            upstream, args.host, args.port, api_key, args.keys_db, routing=args.routing
+            upstream,
+            args.host,
+            args.port,
+            api_key,
+            args.keys_db,
+            routing=args.routing,
+            settings=gateway_image_settings(profile),
         )
         first = supervisors[0].current
         print(
@@ -252,6 +266,24 @@ def run(args: argparse.Namespace) -> int:
         for supervisor in supervisors:
             supervisor.stop()
     return 0
+
+
+def gateway_image_settings(profile: Profile) -> dict[str, int]:
+    """The served model's image rule and the profile's images per prompt, for the gateway's
+    image token estimate (`gateway.model_images`)."""
+    from serving.engine.hf_cache import cached_checkpoint, hub_cache_dir, is_hub_name
+    from serving.engine.resolve import resolve_model
+    from serving.gateway.model_images import image_settings
+
+    model = resolve_model(profile)  # a built model is cached by now: no second build
+    model_dir: Path | None = Path(model)
+    if not Path(model).is_dir():
+        cache = hub_cache_dir(os.environ)
+        model_dir = cached_checkpoint(model, cache) if is_hub_name(model) else None
+    limit = profile.limit_mm_per_prompt.get("image")
+    if model_dir is None:
+        return {} if limit is None else {"max_images_per_request": limit}
+    return image_settings(model_dir, limit=limit)
 
 
 def engine_log(profile: str, replica: int) -> Path:

@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
+from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING
 
 from serving.errors import ServingError
+
+if TYPE_CHECKING:
+    from serving.engine.ray_cluster import RayNodeProcess
+    from serving.profiles.model import Profile
 
 DEFAULT_ENGINE_PORT = 8001
 
@@ -24,6 +31,57 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-file", default=None, help="engine log (default under SERVING_HOME)")
     parser.add_argument("--no-restart", action="store_true", help="exit when vLLM dies")
     parser.add_argument("--dry-run", action="store_true", help="print the vLLM command and exit")
+    add_ray_arguments(parser)
+
+
+def add_ray_arguments(parser: argparse.ArgumentParser) -> None:
+    ray = parser.add_argument_group(
+        "Ray (profiles with distributed_executor_backend: ray)",
+        "vLLM joins the Ray cluster RAY_ADDRESS names; --ray-head starts that cluster's head "
+        "here first (other machines join it with `ray start --address HOST:PORT`).",
+    )
+    ray.add_argument("--ray-head", action="store_true", help="start the Ray head beside vLLM")
+    ray.add_argument("--ray-port", type=int, default=6379, help="the head's port (default 6379)")
+    ray.add_argument("--ray-node-ip", default=None, help="this node's address for other nodes")
+    ray.add_argument("--ray-num-cpus", type=int, default=None, help="CPUs this node offers Ray")
+    ray.add_argument("--ray-num-gpus", type=int, default=None, help="GPUs this node offers Ray")
+    ray.add_argument("--ray-temp-dir", default=None, help="Ray's session directory root")
+    ray.add_argument(
+        "--ray-port-block",
+        type=int,
+        default=None,
+        metavar="PORT",
+        help="put every other port of the head into PORT..PORT+63 (default: Ray's ports)",
+    )
+
+
+def ray_head(args: argparse.Namespace, profile: Profile) -> RayNodeProcess | None:
+    """The Ray head `--ray-head` asks for; refuses a Ray profile that would find no cluster."""
+    from serving.engine.ray_cluster import RayNode, RayNodeProcess
+    from serving.paths import logs_dir
+
+    uses_ray = profile.distributed_executor_backend == "ray"
+    if args.ray_head and not uses_ray:
+        raise ServingError(
+            f"--ray-head: profile {profile.name} does not run on Ray "
+            f"(distributed_executor_backend: {profile.distributed_executor_backend})"
+        )
+    if not args.ray_head:
+        if profile.nodes > 1 and not os.environ.get("RAY_ADDRESS"):
+            raise ServingError(
+                f"profile {profile.name} spans {profile.nodes} nodes: start the Ray head here "
+                "with --ray-head, or set RAY_ADDRESS to a running cluster"
+            )
+        return None
+    node = RayNode(
+        port=args.ray_port,
+        node_ip=args.ray_node_ip,
+        num_cpus=args.ray_num_cpus,
+        num_gpus=args.ray_num_gpus,
+        temp_dir=Path(args.ray_temp_dir) if args.ray_temp_dir else None,
+        port_block=args.ray_port_block,
+    )
+    return RayNodeProcess(node, log_path=logs_dir() / f"ray-head-{profile.name}.log")
 
 
 def add_metrics_port_argument(parser: argparse.ArgumentParser) -> None:
@@ -62,7 +120,13 @@ def run(args: argparse.Namespace) -> int:
     if args.dry_run:
         print(describe_command(profile, host=args.host, port=args.port))
         return 0
-    supervisor = build_supervisor(profile, host=args.host, port=args.port, log_file=args.log_file)
+    supervisor = build_supervisor(
+        profile,
+        host=args.host,
+        port=args.port,
+        log_file=args.log_file,
+        ray_head=ray_head(args, profile),
+    )
     launcher_port = metrics_port(args, args.port)
     if launcher_port:
         serve_launcher_metrics(supervisor, profile, host=args.host, port=launcher_port)

@@ -14,6 +14,7 @@ instead of a deployment; another test fails when any other module spells one of 
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from dataclasses import dataclass, field
@@ -34,6 +35,7 @@ ENGINE_FLAGS: dict[str, str] = {
     "port": "--port",
     "dtype": "--dtype",
     "tensor_parallel_size": "--tensor-parallel-size",
+    "pipeline_parallel_size": "--pipeline-parallel-size",
     "max_model_len": "--max-model-len",
     "max_num_seqs": "--max-num-seqs",
     "kv_cache_dtype": "--kv-cache-dtype",
@@ -49,6 +51,13 @@ ENGINE_FLAGS: dict[str, str] = {
     "cpu_offload_gb": "--cpu-offload-gb",
     "kv_offloading_size_gib": "--kv-offloading-size",
     "kv_cache_memory_bytes": "--kv-cache-memory-bytes",
+    "limit_mm_per_prompt": "--limit-mm-per-prompt",
+    "tool_call_parser": "--tool-call-parser",
+    "enable_auto_tool_choice": "--enable-auto-tool-choice",
+    "tool_strict_level": "--tool-strict-level",
+    "reasoning_parser": "--reasoning-parser",
+    "structured_outputs": "--structured-outputs-config",
+    "default_chat_template_kwargs": "--default-chat-template-kwargs",
     "language_model_only": "--language-model-only",  # the planner's; no profile sets it
 }
 
@@ -82,6 +91,13 @@ def _switch(name: str, enabled: bool) -> str:
     return engine_flag(name) if enabled else negated(engine_flag(name))
 
 
+def _pipeline(profile: Profile) -> list[str]:
+    # Only when split: single-stage command lines stay as they were.
+    if profile.pipeline_parallel_size == 1:
+        return []
+    return _option("pipeline_parallel_size", profile.pipeline_parallel_size)
+
+
 def engine_args(profile: Profile, model_path: str, *, host: str, port: int) -> list[str]:
     """The server arguments (everything after the program name) for one profile."""
     args = [
@@ -91,6 +107,7 @@ def engine_args(profile: Profile, model_path: str, *, host: str, port: int) -> l
         *_option("port", port),
         *_option("dtype", profile.dtype),
         *_option("tensor_parallel_size", profile.tensor_parallel_size),
+        *_pipeline(profile),
         *_option("max_model_len", profile.max_model_len),
         *_option("max_num_seqs", profile.max_num_seqs),
         *_option("kv_cache_dtype", profile.kv_cache_dtype),
@@ -117,6 +134,35 @@ def engine_args(profile: Profile, model_path: str, *, host: str, port: int) -> l
         args += _option("kv_offloading_size_gib", profile.kv_offloading_size_gib)
     if profile.kv_cache_memory_bytes is not None:
         args += _option("kv_cache_memory_bytes", profile.kv_cache_memory_bytes)
+    if profile.limit_mm_per_prompt:
+        limits = json.dumps(profile.limit_mm_per_prompt, separators=(",", ":"), sort_keys=True)
+        args += _option("limit_mm_per_prompt", limits)
+    args += _tool_and_reasoning_args(profile)
+    return args
+
+
+def _tool_and_reasoning_args(profile: Profile) -> list[str]:
+    """Tool-call and reasoning parsers, structured-output options, chat template defaults."""
+    args: list[str] = []
+    if profile.tool_call_parser is not None:
+        args += _option("tool_call_parser", profile.tool_call_parser)
+    if profile.enable_auto_tool_choice:
+        args.append(engine_flag("enable_auto_tool_choice"))
+    if profile.tool_strict_level != "auto":
+        args += _option("tool_strict_level", profile.tool_strict_level)
+    if profile.reasoning_parser is not None:
+        args += _option("reasoning_parser", profile.reasoning_parser)
+    outputs = profile.structured_outputs
+    if outputs.backend != "auto" or outputs.disable_any_whitespace:
+        # vLLM's StructuredOutputsConfig field names; the profile's are the same.
+        config = {
+            "backend": outputs.backend,
+            "disable_any_whitespace": outputs.disable_any_whitespace,
+        }
+        args += _option("structured_outputs", json.dumps(config, separators=(",", ":")))
+    if profile.default_chat_template_kwargs:
+        kwargs = json.dumps(profile.default_chat_template_kwargs, separators=(",", ":"))
+        args += _option("default_chat_template_kwargs", kwargs)
     return args
 
 

@@ -5,14 +5,17 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-from serving.engine.flags import render
+from serving.engine.flags import EngineCommand, render
 from serving.engine.launcher_metrics import LauncherMetrics
 from serving.engine.preflight import preflight
 from serving.engine.process import EngineProcess, stderr_progress
+from serving.engine.ray_cluster import RayNodeProcess
 from serving.engine.resolve import resolve_model
 from serving.engine.supervisor import RestartPolicy, Supervisor
 from serving.paths import logs_dir
 from serving.profiles.model import Profile
+
+RAY_START_TIMEOUT_S = 120.0
 
 
 def describe_command(profile: Profile, *, host: str, port: int) -> str:
@@ -28,24 +31,34 @@ def build_supervisor(
     port: int,
     log_file: str | None = None,
     policy: RestartPolicy | None = None,
+    ray_head: RayNodeProcess | None = None,
 ) -> Supervisor:
+    """`ray_head`: a Ray cluster head this launcher runs for vLLM (`serving engine --ray-head`):
+    started before vLLM and again before a restart if it died, stopped after vLLM."""
     model_path = resolve_model(profile)
     preflight(profile, model_path)
     command = render(profile, model_path, host=host, port=port)
+    if ray_head is not None:
+        ray_env = {"RAY_ADDRESS": ray_head.node.cluster_address()}
+        command = EngineCommand(argv=command.argv, env={**command.env, **ray_env})
     log_path = Path(log_file) if log_file else logs_dir() / f"engine-{profile.name}.log"
+    policy = policy or RestartPolicy()
 
     def make_process() -> EngineProcess:
+        if ray_head is not None:
+            ray_head.ensure_running(RAY_START_TIMEOUT_S)
         return EngineProcess(
             command=command,
             base_url=f"http://{host}:{port}",
             log_path=log_path,
-            ranks=profile.tensor_parallel_size,
+            ranks=profile.tensor_parallel_size * profile.pipeline_parallel_size,
         )
 
     return Supervisor(
         make_process=make_process,
-        policy=policy or RestartPolicy(),
+        policy=policy,
         progress=stderr_progress,
+        on_stop=None if ray_head is None else ray_head.stop,
     )
 
 

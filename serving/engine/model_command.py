@@ -2,6 +2,7 @@
 
 `serving model tiny [--out DIR] [--force] [--steps N]` builds (or finds cached) the embedded
 Qwen3 model and prints its directory on stdout, so `$(serving model tiny)` works in scripts.
+`serving model tiny-vl [--out DIR] [--force]` does the same for the tiny Qwen2.5-VL model.
 `serving model awq [--model DIR] [--out DIR] [--group-size 128] [--calibration FILE ...]`
 quantizes a Qwen2/Qwen3 checkpoint to AWQ 4-bit (the tiny model when --model is not given)
 and prints the output directory.
@@ -42,6 +43,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="training steps instead of the default (fewer: quicker, worse text; for tests)",
     )
     tiny.set_defaults(_model_run=_run_tiny)
+    tiny_vl = kinds.add_parser(
+        "tiny-vl",
+        help="build the embedded tiny Qwen2.5-VL model (image input; cached)",
+        description=(
+            "Write a small Qwen2.5-VL checkpoint (text decoder, vision encoder, image "
+            "preprocessor config), deterministically, that vLLM serves with image input. "
+            "Its weights are random: for serving paths, not for answers."
+        ),
+    )
+    tiny_vl.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="directory to build into (default: $SERVING_HOME/models/qwen2.5-vl-tiny)",
+    )
+    tiny_vl.add_argument("--force", action="store_true", help="rebuild even if a build is cached")
+    tiny_vl.set_defaults(_model_run=_run_tiny_vl)
     awq = kinds.add_parser(
         "awq",
         help="quantize a Qwen2/Qwen3 checkpoint to AWQ 4-bit (cached)",
@@ -99,6 +118,13 @@ def _run_tiny(args: argparse.Namespace) -> int:
         raise ServingError(f"--steps {args.steps}: must be at least 1")
     path = ensure_tiny_model(args.out, force=args.force, steps=args.steps)
     print(path)
+    return 0
+
+
+def _run_tiny_vl(args: argparse.Namespace) -> int:
+    from serving.models.tiny_vl_model import ensure_tiny_vl_model
+
+    print(ensure_tiny_vl_model(args.out, force=args.force))
     return 0
 
 

@@ -21,8 +21,18 @@ def _tiny_awq() -> Path:
     return ensure_tiny_awq_model()
 
 
+def _tiny_vl() -> Path:
+    from serving.models.tiny_vl_model import ensure_tiny_vl_model
+
+    return ensure_tiny_vl_model()
+
+
 # Built-in model name -> builder returning the model directory (cached after the first build).
-BUILTIN_MODELS: dict[str, Callable[[], Path]] = {"qwen3-tiny": _tiny, "qwen3-tiny-awq": _tiny_awq}
+BUILTIN_MODELS: dict[str, Callable[[], Path]] = {
+    "qwen3-tiny": _tiny,
+    "qwen3-tiny-awq": _tiny_awq,
+    "qwen2.5-vl-tiny": _tiny_vl,
+}
 
 
 def resolve_model(profile: Profile) -> str:

@@ -38,6 +38,8 @@ class Supervisor:
     on_event: Callable[[str], None] = print
     # Called after every healthy start with the process and whether it was a restart.
     on_started: Callable[[EngineProcess, bool], None] | None = None
+    # Called once `stop()` has stopped the server: what the server ran on (a Ray head) goes.
+    on_stop: Callable[[], None] | None = None
     current: EngineProcess | None = None
     restarts: int = 0
     _stopping: threading.Event = field(default_factory=threading.Event)
@@ -67,6 +69,8 @@ class Supervisor:
         self._stopping.set()
         if self.current is not None:
             self.current.stop()
+        if self.on_stop is not None:
+            self.on_stop()
 
     @property
     def stopping(self) -> bool:

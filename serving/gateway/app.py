@@ -9,6 +9,7 @@ Routes:
                 its failure policy is `local`, the keys kept in Redis (when set) have been
                 loaded once, and the gateway is not draining, else 503 (no auth; it never
                 calls an engine or Redis itself);
+- ``/playground`` the chat page (`playground`; no auth: its API calls send the user's key);
 - ``/metrics``  Prometheus text format (no auth: scraped by Prometheus/Kubernetes; it holds
                 public key ids, never secrets);
 - ``/v1/...``   behind an API key. POST /v1/chat/completions and /v1/completions (with or
@@ -59,12 +60,14 @@ from serving.gateway.errors import (
 )
 from serving.gateway.forwarded_headers import REQUEST_ID, request_id
 from serving.gateway.health import HealthMonitor
+from serving.gateway.images import ImagePolicy
 from serving.gateway.keys import FileKeyStore, KeyStore, SqliteKeyStore
 from serving.gateway.keys.redis_refresh import RedisKeyRefresh
 from serving.gateway.keys.redis_store import KeyStoreUnavailable
 from serving.gateway.metrics import CONTENT_TYPE, GatewayMetrics, RequestRecord
 from serving.gateway.openai_request import completion_route
 from serving.gateway.periodic import Periodic
+from serving.gateway.playground import Playground
 from serving.gateway.proxy import Proxy, ProxyRequest
 from serving.gateway.quota import (
     Clock,
@@ -159,8 +162,11 @@ class GatewayApp:
             engines=self.router.engines,
         )
         self.catalog = ModelCatalog()
+        self.playground = Playground.load()
         self.proxy = Proxy(self.router, retry_after_s=settings.retry_after_s)
-        self.completions = Completions(self.quota, self.proxy, self.catalog)
+        self.completions = Completions(
+            self.quota, self.proxy, self.catalog, ImagePolicy.from_settings(settings)
+        )
         self.health = HealthMonitor(
             self.router, self.catalog, self.metrics, interval_s=settings.health_interval_s
         )
@@ -271,6 +277,8 @@ class GatewayApp:
             await send_json(send, 200, {"status": "ok"}, request_id=rid)
         elif path == "/readyz":
             await self._readyz(send, rid)
+        elif self.playground.handles(path):
+            await self.playground.serve(scope, send, request_id=rid)
         else:
             error = RouteNotFoundError(f"Invalid URL ({scope['method']} {path})")
             await send_error(send, error, request_id=rid)

@@ -35,6 +35,7 @@ from serving.gateway.errors import (
     refusal_error,
     upstream_error_kind,
 )
+from serving.gateway.images import ImagePolicy
 from serving.gateway.metrics import RequestRecord
 from serving.gateway.openai_request import (
     CompletionRequest,
@@ -51,10 +52,17 @@ from serving.gateway.usage import ResponseMeter
 
 
 class Completions:
-    def __init__(self, engine: QuotaEngine, proxy: Proxy, catalog: ModelCatalog) -> None:
+    def __init__(
+        self,
+        engine: QuotaEngine,
+        proxy: Proxy,
+        catalog: ModelCatalog,
+        images: ImagePolicy | None = None,
+    ) -> None:
         self._engine = engine
         self._proxy = proxy
         self._catalog = catalog
+        self._images = images or ImagePolicy.defaults()
         self._running: set[Lease] = set()
 
     async def handle(
@@ -67,7 +75,7 @@ class Completions:
         record: RequestRecord,
     ) -> None:
         # parse
-        parsed = parse_completion_request(kind, request.body)
+        parsed = parse_completion_request(kind, request.body, images=self._images)
         record.model = self._catalog.label(parsed.model)
         if not caller.allows_model(parsed.model):
             raise ModelNotFoundError(parsed.model)

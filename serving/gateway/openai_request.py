@@ -10,8 +10,9 @@ The prompt estimate is an upper bound of the prompt's tokens, which "never over 
 depends on: a byte-level BPE (Qwen's tokenizers) never makes more tokens than UTF-8 bytes,
 and the ChatML template adds at most `PER_MESSAGE_TOKENS` per message plus `BASE_TOKENS`
 (the assistant prefix, an empty think block, a default system prompt) and `TOOLS_TOKENS`
-(the tool-use preamble) when tools are given. A request-supplied `chat_template` can add
-anything and is not accounted for.
+(the tool-use preamble) when tools are given. An image content part counts its image's
+tokens by the model's resize rule (`images`), never the length of its base64. A
+request-supplied `chat_template` can add anything and is not accounted for.
 """
 
 from __future__ import annotations
@@ -21,6 +22,14 @@ from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 
 from serving.gateway.errors import InvalidRequestError
+from serving.gateway.images import (
+    IMAGE_PART_TOKENS,
+    ImageError,
+    ImagePolicy,
+    image_url_of,
+    read_data_url,
+)
+from serving.gateway.tool_request import check_schemas
 
 Kind = Literal["chat", "completion"]
 
@@ -72,7 +81,11 @@ class CompletionRequest:
     longest_prompt_estimate: int
 
 
-def parse_completion_request(kind: Kind, body: bytes) -> CompletionRequest:
+def parse_completion_request(
+    kind: Kind, body: bytes, *, images: ImagePolicy | None = None
+) -> CompletionRequest:
+    """The parsed body, or `InvalidRequestError`; `images` prices image parts (default:
+    the settings' defaults)."""
     try:
         data = json.loads(body)
     except (ValueError, RecursionError) as exc:
@@ -94,7 +107,8 @@ def parse_completion_request(kind: Kind, body: bytes) -> CompletionRequest:
     requested = _max_tokens(data, kind)
     n = _count(data, "n")
     if kind == "chat":
-        estimate = longest = chat_prompt_estimate(data)
+        check_schemas(data)  # a schema vLLM's grammar would refuse without naming it
+        estimate = longest = chat_prompt_estimate(data, images or ImagePolicy.defaults())
         prompts = 1
     else:
         estimates = completion_prompt_estimates(data.get("prompt"))
@@ -130,22 +144,57 @@ def render_upstream_body(request: CompletionRequest, *, max_tokens: int) -> byte
     return json.dumps(data, separators=(",", ":")).encode()
 
 
-def chat_prompt_estimate(data: dict[str, Any]) -> int:
+def chat_prompt_estimate(data: dict[str, Any], images: ImagePolicy) -> int:
     messages = data.get("messages")
     if not isinstance(messages, list) or not messages:
         raise _invalid("messages", "'messages' must be a non-empty array of message objects.")
     total = BASE_TOKENS
-    for message in messages:
+    seen_images = 0
+    for index, message in enumerate(messages):
         if not isinstance(message, dict):
             raise _invalid("messages", "Each entry of 'messages' must be an object.")
         total += PER_MESSAGE_TOKENS
-        for value in message.values():  # role, content, name, tool_calls, ...
-            total += _text_bytes(value)
+        for name, value in message.items():  # role, content, name, tool_calls, ...
+            if name != "content" or not isinstance(value, list):
+                total += _text_bytes(value)
+                continue
+            for number, part in enumerate(value):
+                where = f"messages[{index}].content[{number}]"
+                tokens = _image_part_tokens(part, where, images, seen_images)
+                if tokens is None:
+                    total += _text_bytes(part)
+                else:
+                    total += tokens
+                    seen_images += 1
     for name in _RENDERED_EXTRAS:
         value = data.get(name)
         if value:
             total += _text_bytes(value) + (TOOLS_TOKENS if name != "documents" else 0)
     return total
+
+
+def _image_part_tokens(part: object, where: str, images: ImagePolicy, seen: int) -> int | None:
+    """An image part's tokens (the image's by the model's rule, and the template's around
+    it); None for any other part. Each 400 names the field at fault."""
+    if not isinstance(part, dict):
+        return None
+    suffix = ""
+    try:
+        found = image_url_of(part)
+        if found is None:
+            return None
+        url, suffix = found
+        if seen >= images.max_images:
+            suffix = ""
+            if images.max_images == 0:
+                raise ImageError("This server does not accept images: its model reads text.")
+            raise ImageError(
+                f"Too many images: at most {images.max_images} are accepted per request."
+            )
+        header = read_data_url(url)
+        return images.image_tokens(header.width, header.height) + IMAGE_PART_TOKENS
+    except ImageError as exc:
+        raise _invalid(where + suffix, str(exc)) from None
 
 
 def completion_prompt_estimates(prompt: object) -> list[int]:

@@ -101,8 +101,29 @@ class GatewaySettings(BaseSettings):
     """Address to listen on."""
     port: int = Field(default=8000, ge=0, le=65535)
     """Port to listen on."""
-    max_body_bytes: int = Field(default=10 * 1024 * 1024, ge=1)
-    """Largest request body accepted; larger ones get 413 before anything is forwarded."""
+    max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1)
+    """Largest request body accepted; larger ones get 413 before anything is forwarded.
+    32 MiB holds a realistic set of base64 images (base64 is 4/3 of the file: four 6 MB
+    phone photos, or one large PNG screenshot), below OpenAI's 50 MB per request because
+    the gateway holds each body in memory until its request ends, about three copies
+    (the bytes, the parsed JSON, the body sent on): budget ~100 MiB per image upload in
+    flight, or lower this."""
+    max_images_per_request: int = Field(default=8, ge=0)
+    """Images one chat request may carry (more: 400 before anything is reserved); 0 refuses
+    images (a text-only model). `serving up` sets the profile's limit_mm_per_prompt.image."""
+    image_patch_size: int = Field(default=14, ge=1)
+    """The vision encoder's patch side in pixels (the model's vision_config.patch_size):
+    with image_merge_size and the pixel bounds, what an image costs in prompt tokens."""
+    image_merge_size: int = Field(default=2, ge=1)
+    """Patches merged into one token along each side (vision_config.spatial_merge_size)."""
+    image_min_pixels: int = Field(default=56 * 56, ge=1)
+    """Smallest image area the processor resizes to (preprocessor_config.json min_pixels,
+    or size.shortest_edge)."""
+    image_max_pixels: int = Field(default=16384 * 28 * 28, ge=1)
+    """Largest image area the processor resizes to (preprocessor_config.json max_pixels, or
+    size.longest_edge). The default is what Qwen2-VL and Qwen2.5-VL checkpoints ship
+    (12845056; transformers' own default is 1003520): the larger of the two, so the token
+    estimate stays an upper bound when the model's value is not known."""
     upstream_connect_timeout_s: Annotated[Seconds, FlagAlias("--upstream-connect-timeout")] = 5.0
     """Time allowed to open a TCP connection to the upstream (then 503)."""
     upstream_idle_timeout_s: Annotated[Seconds, FlagAlias("--upstream-idle-timeout")] = 300.0
@@ -193,6 +214,15 @@ class GatewaySettings(BaseSettings):
         if parts.scheme not in REDIS_SCHEMES or not (parts.hostname or parts.path):
             raise ValueError("must be a redis://, rediss:// or unix:// URL")
         return url
+
+    @model_validator(mode="after")
+    def _check_image_pixels(self) -> GatewaySettings:
+        if self.image_max_pixels < self.image_min_pixels:
+            raise ValueError(
+                f"image_max_pixels: {self.image_max_pixels} is below image_min_pixels "
+                f"{self.image_min_pixels}"
+            )
+        return self
 
     @model_validator(mode="before")
     @classmethod

@@ -247,8 +247,16 @@ class _PlainDumper(yaml.SafeDumper):
 
 
 def render_patch(profile: Profile) -> str:
-    """The file `k8s/overlays/<overlay>/engine.generated.yaml` holds, byte for byte."""
+    """The file `k8s/overlays/<overlay>/engine.generated.yaml` holds, byte for byte.
+
+    A profile across several nodes runs as a LeaderWorkerSet (`serving.k8s.leaderworkerset`,
+    built from this patch): its patch deletes the base's Deployment and sizes the volume."""
+    documents = engine_patch(profile)
+    if profile.nodes > 1:
+        delete = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "engine"}}
+        # The volume first: kustomize 5.x crashes on a file whose first patch is a delete.
+        documents = [documents[1], {**delete, "$patch": "delete"}]
     # sort_keys off: the order above reads like a Deployment; a wide line keeps the long
     # argument strings unfolded whatever PyYAML's default width.
-    body = yaml.dump_all(engine_patch(profile), Dumper=_PlainDumper, sort_keys=False, width=4096)
+    body = yaml.dump_all(documents, Dumper=_PlainDumper, sort_keys=False, width=4096)
     return "\n".join(header(profile, engine_sizing(profile))) + "\n" + body

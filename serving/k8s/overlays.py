@@ -14,7 +14,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+import yaml
+
 from serving.k8s.engine_patch import render_patch
+from serving.k8s.leaderworkerset import render_leaderworkerset
 from serving.profiles.loader import load_profile
 
 # Overlay directory -> profile name (or YAML path) it deploys.
@@ -24,9 +27,14 @@ OVERLAYS: dict[str, str] = {
     "gpu-128k": "qwen3.5-9b-128k-tp4",
     "gpu-27b-awq-tp4": "qwen3.5-27b-awq-tp4",
     "cpu-demo": "cpu-tiny",
+    "gpu-72b-multinode": "qwen2.5-72b-pp2-tp4-2x4090x4",
 }
 OVERLAYS_DIR = Path("k8s") / "overlays"
 GENERATED_NAME = "engine.generated.yaml"
+# A profile across several nodes also gets its engine as a LeaderWorkerSet, built from the
+# base's engine pod.
+LWS_NAME = "leaderworkerset.generated.yaml"
+BASE_DEPLOYMENT = Path("k8s") / "base" / "engine" / "deployment.yaml"
 
 
 def generated_path(root: Path, overlay: str) -> Path:
@@ -50,13 +58,16 @@ class Rendered:
 
 
 def render_overlays(root: Path, overlays: Mapping[str, str] = OVERLAYS) -> list[Rendered]:
-    """Every overlay's patch as its profile renders it now (nothing written)."""
-    return [
-        Rendered(
-            overlay, profile, generated_path(root, overlay), render_patch(load_profile(profile))
-        )
-        for overlay, profile in overlays.items()
-    ]
+    """Every overlay's generated files as its profile renders them now (nothing written)."""
+    found: list[Rendered] = []
+    for overlay, name in overlays.items():
+        profile = load_profile(name)
+        found.append(Rendered(overlay, name, generated_path(root, overlay), render_patch(profile)))
+        if profile.nodes > 1:
+            base = yaml.safe_load((root / BASE_DEPLOYMENT).read_text(encoding="utf-8"))
+            path = generated_path(root, overlay).with_name(LWS_NAME)
+            found.append(Rendered(overlay, name, path, render_leaderworkerset(profile, base)))
+    return found
 
 
 def stale_overlays(root: Path, overlays: Mapping[str, str] = OVERLAYS) -> list[Rendered]:

@@ -90,6 +90,8 @@ class EngineSizing:
     memory_terms: tuple[tuple[str, int], ...]
     cpu_request_milli: int
     enforce_eager: bool
+    pipeline_parallel_size: int = 1  # the checkpoint holds every stage's weights
+    stage_ranks: int | None = None  # TP ranks of a stage, where a pod holds another count
 
     @property
     def gpus(self) -> int:
@@ -132,7 +134,12 @@ class EngineSizing:
         )
         return [
             f"checkpoint {_size(self.checkpoint_bytes)}: the planner's weight bytes per rank "
-            f"x {self.tensor_parallel_size}",
+            f"x {self.stage_ranks or self.tensor_parallel_size}"
+            + (
+                f" x {self.pipeline_parallel_size} stages"
+                if self.pipeline_parallel_size > 1
+                else ""
+            ),
             f"startupProbe: {START_ALLOWANCE_S} s start + {self.read_seconds} s read at "
             f"{READ_BYTES_S // MiB} MiB/s + {self.compile_seconds} s {compile_note} "
             f"= {self.startup_failure_threshold} x {STARTUP_PERIOD_S} s",
@@ -142,9 +149,10 @@ class EngineSizing:
         ]
 
 
-def _checked_plan_weights(profile: Profile) -> int:
-    """One GPU's (rank's) weight bytes from the planner; a profile that does not fit is an
-    error here too: a manifest for it would only crash-loop on the cluster."""
+def _checked_plan_weights(profile: Profile) -> tuple[int, int]:
+    """(one GPU's (rank's) largest weight bytes, the weight bytes of one rank of every stage)
+    from the planner; a profile that does not fit is an error here too: a manifest for it
+    would only crash-loop on the cluster."""
     try:
         plan = profile_plan(profile)
     except ServingError as exc:
@@ -154,13 +162,16 @@ def _checked_plan_weights(profile: Profile) -> int:
     if not plan.fits:
         reasons = "; ".join(problem.message for problem in plan.problems)
         raise ServingError(f"profile {profile.name} does not fit: {reasons}")
-    return plan.weights.total
+    stages = [stage.weight_bytes for stage in plan.stages] or [plan.weights.total]
+    return max(stages), sum(stages)
 
 
 def engine_sizing(profile: Profile) -> EngineSizing:
-    tp = profile.tensor_parallel_size
-    shard = _checked_plan_weights(profile)
-    checkpoint = shard * tp  # replicated KV heads count once per rank: slightly over
+    # A pod holds one machine's ranks: all of TP on one machine, gpu_count across nodes.
+    tp = profile.gpu_count if profile.nodes > 1 else profile.tensor_parallel_size
+    shard, stages = _checked_plan_weights(profile)
+    # replicated KV heads count once per rank: slightly over
+    checkpoint = stages * profile.tensor_parallel_size
     shm = SHM_BASE_BYTES + (SHM_RANK_BYTES * tp if tp > 1 else 0)
     if profile.device == "gpu":
         offload = int(profile.cpu_offload_gb * GiB) * tp
@@ -191,4 +202,6 @@ def engine_sizing(profile: Profile) -> EngineSizing:
         memory_terms=terms,
         cpu_request_milli=cpu,
         enforce_eager=profile.enforce_eager,
+        pipeline_parallel_size=profile.pipeline_parallel_size,
+        stage_ranks=profile.tensor_parallel_size,
     )

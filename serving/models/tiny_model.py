@@ -37,10 +37,11 @@ from serving.models.cached_build import (
     cached_build,
     write_json,
 )
+from serving.models.chat_template import ADDED_TOKENS
 from serving.paths import models_dir
 
 # Bump when the builder's code changes what it writes; it is part of the fingerprint.
-BUILDER_VERSION = "2"
+BUILDER_VERSION = "3"
 MODEL_NAME = "qwen3-tiny"
 
 
@@ -185,6 +186,18 @@ def build_main(argv: list[str]) -> None:
     print("result", json.dumps(record), flush=True)
 
 
+def padded_vocab_size(tokens: int) -> int:
+    """The embedding's rows for a tokenizer of `tokens` ids: rounded up to a multiple of 64
+    (friendlier matmul shapes)."""
+    return -(-tokens // 64) * 64
+
+
+def planned_vocab_size(params: TinyModelParams) -> int:
+    """The vocabulary a build has, without building: the trained ids (the corpus fills
+    `params.vocab_size`) and the tool and thinking tokens added after them."""
+    return padded_vocab_size(params.vocab_size + len(ADDED_TOKENS))
+
+
 def qwen3_config(params: TinyModelParams, vocab_size: int, ids: dict[str, int]) -> dict[str, Any]:
     """config.json in the form of the published Qwen3 checkpoints, read by transformers 4 and 5."""
     return {
@@ -237,7 +250,7 @@ def _build(
     tokenizer = tt.train_tokenizer(texts, vocab_size=params.vocab_size)
     tt.save_tokenizer(tokenizer, out_dir, model_max_length=params.max_position_embeddings)
     ids = tt.special_token_ids()
-    vocab_size = -(-tokenizer.get_vocab_size() // 64) * 64  # round up: friendlier matmul shapes
+    vocab_size = padded_vocab_size(tokenizer.get_vocab_size())
     config = qwen3_config(params, vocab_size, ids)
     write_json(out_dir / "config.json", config)
     eos = [ids[tt.IM_END], ids[tt.ENDOFTEXT]]

@@ -15,10 +15,19 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from tokenizers import Regex, Tokenizer, decoders, normalizers, pre_tokenizers, trainers
+from tokenizers import (
+    AddedToken,
+    Regex,
+    Tokenizer,
+    decoders,
+    normalizers,
+    pre_tokenizers,
+    trainers,
+)
 from tokenizers.models import BPE
 
 from serving.models.cached_build import write_json
+from serving.models.chat_template import ADDED_TOKENS, CHAT_TEMPLATE
 
 ENDOFTEXT = "<|endoftext|>"
 IM_START = "<|im_start|>"
@@ -30,18 +39,6 @@ SPECIAL_TOKENS = (ENDOFTEXT, IM_START, IM_END)
 PRETOKENIZE_REGEX = (
     r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
     r"""|\s*[\r\n]+|\s+(?!\S)|\s+"""
-)
-
-# ChatML as Qwen2.5/Qwen3 render it, without tools or thinking (a turn without content, such
-# as a tool call, renders empty). `render_chat` below is the same format in Python; the
-# training data uses it and a test keeps the two equal.
-CHAT_TEMPLATE = (
-    "{%- for message in messages %}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' + (message['content'] or '') + '<|im_end|>\\n' }}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}"
-    "{{- '<|im_start|>assistant\\n' }}"
-    "{%- endif %}"
 )
 
 # A word must occur twice to earn a merge: merges of one-off words only memorise the corpus.
@@ -80,7 +77,8 @@ def paragraphs(texts: Iterable[str]) -> list[str]:
 
 
 def render_chat(messages: Sequence[Mapping[str, str]], *, add_generation_prompt: bool) -> str:
-    """What CHAT_TEMPLATE renders for plain-string messages."""
+    """What CHAT_TEMPLATE (chat_template.py) renders for plain-string messages, without tools
+    or thinking; the training data uses it and a test keeps the two equal."""
     rendered = "".join(
         f"{IM_START}{message['role']}\n{message['content']}{IM_END}\n" for message in messages
     )
@@ -124,21 +122,35 @@ def train_tokenizer(texts: Sequence[str], *, vocab_size: int) -> Tokenizer:
         show_progress=False,
     )
     tokenizer.train_from_iterator(texts, trainer=trainer)
+    # After training, so they take the ids after the learned vocabulary and change no merge.
+    # Not normalised (matched as written), not special (kept in decoded text for vLLM's
+    # tool and reasoning parsers): as in Qwen's tokenizer.json.
+    tokenizer.add_tokens(
+        [AddedToken(token, normalized=False, special=False) for token in ADDED_TOKENS]
+    )
     return tokenizer
 
 
-def tokenizer_config(model_max_length: int) -> dict[str, Any]:
+def _added_token(token: str, *, special: bool) -> dict[str, Any]:
+    return {
+        "content": token,
+        "lstrip": False,
+        "normalized": False,
+        "rstrip": False,
+        "single_word": False,
+        "special": special,
+    }
+
+
+def tokenizer_config(model_max_length: int, added: Mapping[str, int]) -> dict[str, Any]:
+    """`added`: the ids of ADDED_TOKENS in the trained tokenizer."""
     special = {
-        str(index): {
-            "content": token,
-            "lstrip": False,
-            "normalized": False,
-            "rstrip": False,
-            "single_word": False,
-            "special": True,
-        }
+        str(index): _added_token(token, special=True)
         for token, index in special_token_ids().items()
     }
+    special.update(
+        {str(index): _added_token(token, special=False) for token, index in added.items()}
+    )
     return {
         "add_bos_token": False,
         "add_prefix_space": False,
@@ -160,7 +172,12 @@ def tokenizer_config(model_max_length: int) -> dict[str, Any]:
 def save_tokenizer(tokenizer: Tokenizer, out_dir: Path, *, model_max_length: int) -> None:
     """Write tokenizer.json, tokenizer_config.json and special_tokens_map.json."""
     (out_dir / "tokenizer.json").write_text(tokenizer.to_str(pretty=True) + "\n", encoding="utf-8")
-    write_json(out_dir / "tokenizer_config.json", tokenizer_config(model_max_length))
+    added = {
+        token: index
+        for token in ADDED_TOKENS
+        if (index := tokenizer.token_to_id(token)) is not None
+    }
+    write_json(out_dir / "tokenizer_config.json", tokenizer_config(model_max_length, added))
     write_json(
         out_dir / "special_tokens_map.json",
         {

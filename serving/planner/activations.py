@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 from serving.planner.gpus import GiB
 from serving.planner.models import ModelSpec
+from serving.planner.settings import PlanSettings
+from serving.planner.vision import encoder_activation, encoder_profile_images
 from serving.planner.weights import cdiv, kv_heads_per_gpu
 
 LOGIT_BYTES = 4  # the sampler works on float32 logits
@@ -75,3 +77,30 @@ def activation_estimate(
 def non_torch_bytes(tp: int) -> int:
     """Estimated non-torch memory vLLM counts against the budget."""
     return NON_TORCH_BYTES_TP1 if tp == 1 else NON_TORCH_BYTES_TP
+
+
+def with_vision_encoder(
+    decoder_peak: int, spec: ModelSpec, settings: PlanSettings, *, dtype_bytes: int
+) -> int:
+    """The profiling peak of the GPU holding a Qwen2.5-VL vision encoder (the first stage).
+
+    Before its decoder pass vLLM encodes a dummy batch of the largest images
+    (`GPUModelRunner.profile_run`) and keeps their embeddings in the encoder cache during the
+    decoder pass: the peak is the larger of the encoder pass and decoder pass + embeddings.
+    Images only: a profile that leaves video allowed may be profiled with a larger video.
+    """
+    s = settings
+    if spec.vision is None or s.language_model_only:
+        return decoder_peak
+    assert s.max_num_batched_tokens and s.max_num_seqs and s.max_model_len
+    images = encoder_profile_images(
+        spec.vision,
+        max_num_batched_tokens=s.max_num_batched_tokens,
+        max_num_seqs=s.max_num_seqs,
+        max_model_len=s.max_model_len,
+        images_per_prompt=s.images_per_prompt,
+    )
+    if images == 0:
+        return decoder_peak
+    encoder = encoder_activation(spec.vision, images, dtype_bytes=dtype_bytes)
+    return max(encoder.peak_bytes, decoder_peak + encoder.output_bytes)

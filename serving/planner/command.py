@@ -2,6 +2,7 @@
 
     serving plan --model Qwen2.5-7B-Instruct --gpu rtx-4090 --gpus 4 --tp 4
     serving plan --profile qwen3.5-9b-128k-tp4 --json
+    serving plan --model Qwen2.5-72B-Instruct --gpus 8 --gpus-per-node 4 --tp 4 --pp 2
 
 Flags override the values of a `--profile`; the engine settings take vLLM's flag names (from
 `serving.engine.flags`, so the cheapest change reads as vLLM would take it). Pure arithmetic:
@@ -45,13 +46,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--gpu", help=f"GPU type (default {DEFAULT_GPU}); `cpu` for vLLM's CPU engine"
     )
-    parser.add_argument("--gpus", type=int, help="number of GPUs (default: --tp)")
+    parser.add_argument("--gpus", type=int, help="number of GPUs, all nodes (default: tp x pp)")
+    parser.add_argument(
+        "--gpus-per-node", type=int, help="GPUs in one machine (default: all on one machine)"
+    )
     parser.add_argument(
         "--gpu-memory-gib",
         type=float,
         help="total GPU memory as vLLM reports it (overrides the GPU table)",
     )
     parser.add_argument("--tp", type=int, help="tensor parallel size (default 1)")
+    parser.add_argument(
+        "--pp", type=int, help="pipeline parallel size: stages of tp GPUs each (default 1)"
+    )
     _engine_argument(parser, "dtype", help="auto, float16, bfloat16 (default auto)")
     _engine_argument(parser, "quantization", help="none or awq (default none)")
     _engine_argument(
@@ -100,7 +107,10 @@ def profile_settings(profile: Profile) -> PlanSettings:
     """PlanSettings carrying every engine setting of a profile."""
     return PlanSettings(
         tensor_parallel_size=profile.tensor_parallel_size,
-        gpu_count=profile.gpu_count,
+        pipeline_parallel_size=profile.pipeline_parallel_size,
+        # a profile counts GPUs per node; the planner counts them all
+        gpu_count=profile.gpu_count * profile.nodes,
+        gpus_per_node=profile.gpu_count if profile.nodes > 1 else None,
         dtype=profile.dtype,
         quantization=profile.quantization,
         kv_cache_dtype=profile.kv_cache_dtype,
@@ -112,6 +122,7 @@ def profile_settings(profile: Profile) -> PlanSettings:
         block_size=profile.block_size,
         prefix_caching=profile.enable_prefix_caching,
         enforce_eager=profile.enforce_eager,
+        images_per_prompt=profile.limit_mm_per_prompt.get("image"),
     )
 
 
@@ -119,13 +130,24 @@ def profile_spec(profile: Profile) -> ModelSpec:
     """The model a profile plans with. A project-built model (`builtin:`) is planned from its
     build parameters, so no checkpoint is needed: its KV layout depends only on the
     architecture, the precision and the KV space."""
+    if profile.model == f"{BUILTIN_PREFIX}qwen2.5-vl-tiny":
+        from serving.models.tiny_vl_model import TinyVlParams, planned_config, preprocessor_config
+        from serving.planner.config_json import spec_from_config
+
+        vl = TinyVlParams()
+        return spec_from_config(
+            planned_config(vl),
+            name=profile.model,
+            source="TinyVlParams",
+            preprocessor=preprocessor_config(vl),
+        )
     if profile.model.startswith(BUILTIN_PREFIX):
-        from serving.models.tiny_model import TinyModelParams, qwen3_config
+        from serving.models.tiny_model import TinyModelParams, planned_vocab_size, qwen3_config
         from serving.models.tiny_tokenizer import special_token_ids
         from serving.planner.config_json import spec_from_config
 
         params = TinyModelParams()
-        config = qwen3_config(params, params.vocab_size, special_token_ids())
+        config = qwen3_config(params, planned_vocab_size(params), special_token_ids())
         return spec_from_config(config, name=profile.model, source="TinyModelParams")
     return resolve_model(profile.model)
 
@@ -151,7 +173,9 @@ def _load_profile(name: str) -> Profile:
 def _with_flags(settings: PlanSettings, args: argparse.Namespace) -> PlanSettings:
     overrides = {
         "tensor_parallel_size": args.tp,
+        "pipeline_parallel_size": args.pp,
         "gpu_count": args.gpus,
+        "gpus_per_node": args.gpus_per_node,
         "dtype": args.dtype,
         "quantization": args.quantization,
         "kv_cache_dtype": args.kv_cache_dtype,

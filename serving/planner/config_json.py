@@ -1,7 +1,9 @@
 """Read a Hugging Face `config.json` (Qwen2, Qwen3, Qwen3-MoE, Qwen3-Next, Qwen3.5) into a spec.
 
 Multimodal checkpoints (`Qwen3_5ForConditionalGeneration`) nest the decoder under
-`text_config` and the vision tower under `vision_config`; both are read. Hybrid layouts come
+`text_config` and the vision tower under `vision_config`; both are read. Qwen2.5-VL keeps the
+decoder's fields at the top level; its encoder's largest image comes from the pixel range of
+preprocessor_config.json beside config.json. Hybrid layouts come
 from `layer_types` or, failing that, `full_attention_interval` (default 4, as transformers).
 """
 
@@ -22,10 +24,17 @@ from serving.planner.models import (
     MoeSpec,
     hybrid_layer_types,
 )
-from serving.planner.vision import VisionConfig, vision_encoder_params
+from serving.planner.vision import (
+    Qwen25VisionConfig,
+    VisionConfig,
+    qwen25_vision_params,
+    vision_encoder_params,
+)
 
+PREPROCESSOR_CONFIG = "preprocessor_config.json"
 _DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
-_QWEN2_TYPES = {"qwen2", "qwen2_moe", "qwen2_5_vl_text", "qwen2_vl_text"}
+# Qwen2 decoders (q/k/v bias); Qwen2-VL and Qwen2.5-VL name theirs so at the top level too.
+_QWEN2_TYPES = {"qwen2", "qwen2_moe", "qwen2_5_vl", "qwen2_5_vl_text", "qwen2_vl", "qwen2_vl_text"}
 
 
 class _Fields:
@@ -123,6 +132,32 @@ def _vision_params(raw: Any, text_hidden: int, source: str) -> int:
     )
 
 
+def _qwen25_vision(
+    raw: Any, text_hidden: int, preprocessor: Mapping[str, Any] | None, source: str
+) -> Qwen25VisionConfig | None:
+    """A Qwen2.5-VL `vision_config`, with the pixel range of preprocessor_config.json."""
+    if not isinstance(raw, Mapping) or not raw:
+        return None
+    v = _Fields(raw, f"{source} vision_config")
+    d = Qwen25VisionConfig()
+    pixels = _Fields(preprocessor or {}, f"{source} preprocessor_config")
+    size = (preprocessor or {}).get("size")
+    edges = _Fields(size if isinstance(size, Mapping) else {}, f"{source} preprocessor size")
+    return Qwen25VisionConfig(
+        depth=v.integer("depth", d.depth),
+        hidden=v.integer("hidden_size", d.hidden),
+        intermediate=v.integer("intermediate_size", d.intermediate),
+        # Published configs say in_chans; transformers 5 writes in_channels.
+        in_channels=v.integer("in_channels", v.integer("in_chans", d.in_channels)),
+        patch_size=v.integer("patch_size", d.patch_size),
+        temporal_patch_size=v.integer("temporal_patch_size", d.temporal_patch_size),
+        spatial_merge_size=v.integer("spatial_merge_size", d.spatial_merge_size),
+        out_hidden=v.integer("out_hidden_size", text_hidden),
+        min_pixels=edges.integer("shortest_edge", pixels.integer("min_pixels", d.min_pixels)),
+        max_pixels=edges.integer("longest_edge", pixels.integer("max_pixels", d.max_pixels)),
+    )
+
+
 def _awq_group_size(data: Mapping[str, Any], source: str) -> int | None:
     quant = data.get("quantization_config")
     if not isinstance(quant, Mapping) or str(quant.get("quant_method", "")).lower() != "awq":
@@ -130,8 +165,15 @@ def _awq_group_size(data: Mapping[str, Any], source: str) -> int | None:
     return _Fields(quant, f"{source} quantization_config").integer("group_size", 128)
 
 
-def spec_from_config(data: Mapping[str, Any], *, name: str, source: str) -> ModelSpec:
-    """Build a spec from the parsed contents of a config.json."""
+def spec_from_config(
+    data: Mapping[str, Any],
+    *,
+    name: str,
+    source: str,
+    preprocessor: Mapping[str, Any] | None = None,
+) -> ModelSpec:
+    """Build a spec from the parsed contents of a config.json (and of the checkpoint's
+    preprocessor_config.json, whose pixel range sizes a Qwen2.5-VL encoder's largest image)."""
     text_raw = data.get("text_config")
     text = _Fields(text_raw if isinstance(text_raw, Mapping) else data, source)
     model_type = text.text("model_type", "") or _Fields(data, source).text("model_type", "")
@@ -147,6 +189,9 @@ def spec_from_config(data: Mapping[str, Any], *, name: str, source: str) -> Mode
     top = _Fields(data, source)
     tied = text.data.get("tie_word_embeddings", top.data.get("tie_word_embeddings", False))
     dtype = text.text("torch_dtype", text.text("dtype", top.text("torch_dtype", "bfloat16")))
+    qwen25_vision = None
+    if top.text("model_type", "") == "qwen2_5_vl":
+        qwen25_vision = _qwen25_vision(data.get("vision_config"), hidden, preprocessor, source)
     return ModelSpec(
         name=name,
         layers=layers,
@@ -164,7 +209,12 @@ def spec_from_config(data: Mapping[str, Any], *, name: str, source: str) -> Mode
         layer_types=layer_types,
         linear=_linear_spec(text) if layer_types else None,
         moe=_moe_spec(text),
-        vision_params=_vision_params(data.get("vision_config"), hidden, source),
+        vision_params=(
+            qwen25_vision_params(qwen25_vision)
+            if qwen25_vision is not None
+            else _vision_params(data.get("vision_config"), hidden, source)
+        ),
+        vision=qwen25_vision,
         dtype=dtype if dtype in _DTYPE_BYTES else "bfloat16",
         awq_group_size=_awq_group_size(data, source),
     )
@@ -182,4 +232,15 @@ def load_config_dir(path: Path) -> ModelSpec:
         raise ServingError(f"--model: cannot read {file}: {exc}".replace("\n", " ")) from None
     if not isinstance(data, Mapping):
         raise ServingError(f"--model: {file} is not a JSON object")
-    return spec_from_config(data, name=name, source=str(file))
+    return spec_from_config(
+        data, name=name, source=str(file), preprocessor=_preprocessor(file.parent)
+    )
+
+
+def _preprocessor(directory: Path) -> Mapping[str, Any] | None:
+    """preprocessor_config.json beside config.json, if the checkpoint has one."""
+    try:
+        data = json.loads((directory / PREPROCESSOR_CONFIG).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, Mapping) else None

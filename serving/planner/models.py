@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from serving.planner.vision import Qwen25VisionConfig
+
 LayerKind = Literal["full_attention", "linear_attention"]
 FULL: LayerKind = "full_attention"
 LINEAR: LayerKind = "linear_attention"
@@ -80,6 +82,8 @@ class ModelSpec:
     linear: GatedDeltaNetSpec | None = None
     moe: MoeSpec | None = None
     vision_params: int = 0  # parameters of a vision encoder loaded next to the decoder
+    # A Qwen2.5-VL encoder's shapes and pixel range: its profiling pass takes memory too.
+    vision: Qwen25VisionConfig | None = None
     dtype: str = "bfloat16"  # torch_dtype / dtype in config.json: what "auto" resolves to
     awq_group_size: int | None = None  # set when config.json is an AWQ checkpoint
     notes: tuple[str, ...] = field(default=())

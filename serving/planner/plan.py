@@ -7,6 +7,9 @@ GPU budget, as vLLM computes it: usable = total x gpu_memory_utilization; KV spa
 weights - activation peak (profiling, estimated) - non-torch memory - CUDA graph memory (both
 estimated). On the CPU engine the KV space is given (VLLM_CPU_KVCACHE_SPACE) and the weights
 live in host memory outside it.
+
+With pipeline parallelism every stage is planned on its own GPU (`stages`): the per-GPU
+numbers of the plan are those of the stage with the least KV space, which binds the replica.
 """
 
 from __future__ import annotations
@@ -14,7 +17,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from serving.planner.activations import CUDA_GRAPH_BYTES, activation_estimate, non_torch_bytes
+from serving.planner.activations import (
+    CUDA_GRAPH_BYTES,
+    activation_estimate,
+    non_torch_bytes,
+    with_vision_encoder,
+)
 from serving.planner.gpus import GiB, GpuSpec
 from serving.planner.host_cpu import fp8_kv_warning
 from serving.planner.kv import (
@@ -29,6 +37,7 @@ from serving.planner.kv import (
 from serving.planner.models import ModelSpec
 from serving.planner.precision import is_fp8, kv_dtype_bytes, model_dtype_bytes
 from serving.planner.settings import PlanSettings, resolve
+from serving.planner.stages import StageMemory, nodes_needed, pp_ranges, stage_spec
 from serving.planner.suggest import candidate_changes
 from serving.planner.weights import (
     WeightBytes,
@@ -64,8 +73,8 @@ class Plan:
     gpu: GpuSpec
     settings: PlanSettings  # resolved: every default filled in
     parameters: int
-    replicas: int  # gpu_count // tensor_parallel_size
-    # per GPU, bytes
+    replicas: int  # gpu_count // (tensor_parallel_size x pipeline_parallel_size)
+    # per GPU of the binding stage (the only stage without pipeline parallelism), bytes
     usable_bytes: int  # total x utilization (CPU: the KV space)
     weights: WeightBytes
     activation_bytes: int  # estimate
@@ -83,6 +92,15 @@ class Plan:
     suggestion: Suggestion | None = None
     notes: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()  # the plan fits, but something else will stop it
+    stages: tuple[StageMemory, ...] = ()  # one per pipeline stage
+    binding_stage: int = 0  # the stage with the fewest KV blocks
+
+    @property
+    def nodes(self) -> int:
+        """Machines one replica spans (gpus_per_node GPUs each)."""
+        s = self.settings
+        world = s.tensor_parallel_size * s.pipeline_parallel_size
+        return 1 if s.gpus_per_node is None else nodes_needed(world, s.gpus_per_node)
 
     @property
     def fits(self) -> bool:
@@ -144,10 +162,86 @@ def _problems(plan: Plan, spec: ModelSpec) -> tuple[Problem, ...]:
 
 
 def _warnings(gpu: GpuSpec, settings: PlanSettings) -> tuple[str, ...]:
+    found: list[str] = []
     if gpu.is_cpu and is_fp8(settings.kv_cache_dtype):
         warning = fp8_kv_warning()
-        return (warning,) if warning else ()
-    return ()
+        found += [warning] if warning else []
+    tp, per_node = settings.tensor_parallel_size, settings.gpus_per_node
+    if not gpu.is_cpu and per_node is not None and tp > per_node:
+        found.append(
+            f"tensor parallelism {tp} crosses a node boundary ({per_node} GPUs per node): "
+            "every layer's all-reduce then goes over the network; keep TP within a node "
+            "and split across nodes with pipeline parallelism"
+        )
+    if gpu.is_cpu and settings.pipeline_parallel_size > 1:
+        found.append(
+            "pipeline parallelism fails in vLLM 0.32's CPU build (the second stage asserts "
+            "`intermediate_tensors is not None`): on CPUs only tensor parallelism runs"
+        )
+    return tuple(found)
+
+
+@dataclass(frozen=True)
+class _Stage:
+    part: ModelSpec  # the model as this stage holds it
+    memory: StageMemory
+    weights: WeightBytes
+    layout: KvLayout
+    capacity: KvCapacity
+
+
+def _stage(
+    spec: ModelSpec, gpu: GpuSpec, s: PlanSettings, index: int, layers: tuple[int, int]
+) -> _Stage:
+    """One pipeline stage's GPU: its layers' weights and KV, its ends, what is left for KV."""
+    assert s.max_model_len and s.max_num_seqs and s.max_num_batched_tokens and s.block_size
+    tp, pp = s.tensor_parallel_size, s.pipeline_parallel_size
+    first, last = index == 0, index == pp - 1
+    part = stage_spec(spec, *layers)
+    dtype_bytes = model_dtype_bytes(s.dtype, spec.dtype)
+    awq = s.awq_group_size if s.quantization == "awq" else None
+    weights = weight_bytes(
+        part, tp, dtype_bytes=dtype_bytes, awq_group_size=awq, first_stage=first, last_stage=last
+    )
+    layout = kv_layout(
+        part,
+        tp,
+        kv_dtype_bytes=kv_dtype_bytes(s.kv_cache_dtype, dtype_bytes),
+        model_dtype_bytes=dtype_bytes,
+        block_size=s.block_size,
+        kernel_block=CPU_KERNEL_BLOCK if gpu.is_cpu else GPU_KERNEL_BLOCK,
+        prefix_caching=s.prefix_caching,
+    )
+    activation = 0
+    if gpu.is_cpu:
+        assert s.kv_space_gib is not None
+        available = int(s.kv_space_gib * GiB)
+    else:
+        estimate = activation_estimate(
+            part,
+            tp,
+            dtype_bytes=dtype_bytes,
+            max_num_batched_tokens=s.max_num_batched_tokens,
+            max_num_seqs=s.max_num_seqs,
+        )
+        # Only the last stage samples (the logits of max_num_seqs rows).
+        activation = estimate.peak_bytes if last else estimate.forward_bytes
+        if first:  # the vision encoder runs there
+            activation = with_vision_encoder(activation, part, s, dtype_bytes=dtype_bytes)
+        usable = math.ceil(gpu.memory_bytes * s.gpu_memory_utilization)
+        graphs = 0 if s.enforce_eager else CUDA_GRAPH_BYTES
+        available = usable - weights.total - activation - non_torch_bytes(tp * pp) - graphs
+    capacity = kv_capacity(layout, available, s.max_model_len)
+    memory = StageMemory(
+        index=index,
+        first_layer=layers[0],
+        last_layer=layers[1],
+        weight_bytes=weights.total,
+        activation_bytes=activation,
+        kv_available_bytes=available,
+        kv_blocks=capacity.num_blocks,
+    )
+    return _Stage(part=part, memory=memory, weights=weights, layout=layout, capacity=capacity)
 
 
 def evaluate(spec: ModelSpec, gpu: GpuSpec, settings: PlanSettings) -> Plan:
@@ -155,49 +249,39 @@ def evaluate(spec: ModelSpec, gpu: GpuSpec, settings: PlanSettings) -> Plan:
     s = resolve(spec, gpu, settings)
     if s.language_model_only:
         spec = replace(spec, vision_params=0)
-    assert s.max_model_len and s.max_num_seqs and s.max_num_batched_tokens and s.block_size
-    assert s.gpu_count is not None
-    tp = s.tensor_parallel_size
+    assert s.max_model_len and s.max_num_seqs and s.gpu_count is not None
+    tp, pp = s.tensor_parallel_size, s.pipeline_parallel_size
     dtype_bytes = model_dtype_bytes(s.dtype, spec.dtype)
-    awq = s.awq_group_size if s.quantization == "awq" else None
-    weights = weight_bytes(spec, tp, dtype_bytes=dtype_bytes, awq_group_size=awq)
     kv_bytes = kv_dtype_bytes(s.kv_cache_dtype, dtype_bytes)
-    layout = kv_layout(
-        spec,
-        tp,
-        kv_dtype_bytes=kv_bytes,
-        model_dtype_bytes=dtype_bytes,
-        block_size=s.block_size,
-        kernel_block=CPU_KERNEL_BLOCK if gpu.is_cpu else GPU_KERNEL_BLOCK,
-        prefix_caching=s.prefix_caching,
-    )
+    stages = [
+        _stage(spec, gpu, s, index, layers)
+        for index, layers in enumerate(pp_ranges(spec.layers, pp))
+    ]
+    # vLLM gives every stage the block count of the stage that holds the fewest.
+    binding = min(stages, key=lambda stage: stage.capacity.num_blocks)
+    weights, layout, capacity = binding.weights, binding.layout, binding.capacity
+    available = binding.memory.kv_available_bytes
     if gpu.is_cpu:
-        assert s.kv_space_gib is not None
-        usable = int(s.kv_space_gib * GiB)
+        usable = available
         activation = overhead = graphs = 0
-        available = usable
     else:
         usable = math.ceil(gpu.memory_bytes * s.gpu_memory_utilization)
-        activation = activation_estimate(
-            spec,
-            tp,
-            dtype_bytes=dtype_bytes,
-            max_num_batched_tokens=s.max_num_batched_tokens,
-            max_num_seqs=s.max_num_seqs,
-        ).peak_bytes
-        overhead = non_torch_bytes(tp)
+        activation = binding.memory.activation_bytes
+        overhead = non_torch_bytes(tp * pp)
         graphs = 0 if s.enforce_eager else CUDA_GRAPH_BYTES
-        available = usable - weights.total - activation - overhead - graphs
-    capacity = kv_capacity(layout, available, s.max_model_len)
-    read = bytes_read_per_token(spec, weights)
-    full_context = layout.kv_bytes_per_token * s.max_model_len
-    full_context += layout.state_bytes_per_layer * spec.linear_layers
+    # One decode step runs the stages one after the other: it reads every stage's share.
+    read = sum(bytes_read_per_token(stage.part, stage.weights) for stage in stages)
+    full_context = sum(
+        stage.layout.kv_bytes_per_token * s.max_model_len
+        + stage.layout.state_bytes_per_layer * stage.part.linear_layers
+        for stage in stages
+    )
     plan = Plan(
         model=spec.name,
         gpu=gpu,
         settings=s,
         parameters=param_count(spec),
-        replicas=max(1, s.gpu_count // tp),
+        replicas=max(1, s.gpu_count // (tp * pp)),
         usable_bytes=usable,
         weights=weights,
         activation_bytes=activation,
@@ -222,6 +306,8 @@ def evaluate(spec: ModelSpec, gpu: GpuSpec, settings: PlanSettings) -> Plan:
         problems=(),
         notes=spec.notes,
         warnings=_warnings(gpu, s),
+        stages=tuple(stage.memory for stage in stages),
+        binding_stage=binding.memory.index,
     )
     return replace(plan, problems=_problems(plan, spec))
 

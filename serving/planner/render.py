@@ -7,6 +7,8 @@ from typing import Any
 
 from serving.planner.gpus import GiB
 from serving.planner.plan import Plan
+from serving.planner.settings import PlanSettings
+from serving.planner.stages import nodes_needed
 
 KiB = 1024
 
@@ -49,6 +51,18 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
         },
         "settings": asdict(s),
         "replicas": plan.replicas,
+        "nodes": plan.nodes,
+        "binding_stage": plan.binding_stage,
+        "stages": [
+            {
+                "layers": [stage.first_layer, stage.last_layer],
+                "weight_bytes": stage.weight_bytes,
+                "activation_bytes_estimate": stage.activation_bytes,
+                "kv_cache_bytes": stage.kv_available_bytes,
+                "num_blocks": stage.kv_blocks,
+            }
+            for stage in plan.stages
+        ],
         "per_gpu": {
             "usable_bytes": plan.usable_bytes,
             "weight_bytes": plan.weights.total,
@@ -88,13 +102,41 @@ def _header(plan: Plan) -> list[str]:
     precision = "AWQ int4" if s.quantization == "awq" else "no quantization"
     replicas = "" if plan.replicas == 1 else f", {plan.replicas} replicas"
     count = "" if plan.gpu.is_cpu else f"{s.gpu_count} x "
-    return [
+    pp = s.pipeline_parallel_size
+    stages = "" if pp == 1 else f", pp={pp}"
+    lines = [
         f"{plan.model} ({_parameters(plan.parameters)} parameters) on {count}{plan.gpu.label}",
-        f"  tp={s.tensor_parallel_size}{replicas}, dtype {s.dtype}, {precision}, "
+        f"  tp={s.tensor_parallel_size}{stages}{replicas}, dtype {s.dtype}, {precision}, "
         f"KV cache dtype {s.kv_cache_dtype}",
         f"  max_model_len {s.max_model_len}, max_num_seqs {s.max_num_seqs}, "
         f"max_num_batched_tokens {s.max_num_batched_tokens}",
     ]
+    if plan.nodes > 1:
+        world = s.tensor_parallel_size * pp
+        lines.append(
+            f"  one replica spans {plan.nodes} nodes: {world} {_unit(plan)}s, "
+            f"{s.gpus_per_node} per node (vLLM on a Ray cluster)"
+        )
+    return lines
+
+
+def _stages(plan: Plan) -> list[str]:
+    """Per-stage memory, when the layers are split over pipeline stages."""
+    if len(plan.stages) < 2:
+        return []
+    unit = _unit(plan)
+    lines = ["", f"Pipeline stages (per {unit}; vLLM gives every stage the fewest blocks)"]
+    for stage in plan.stages:
+        ends = ("embedding, " if stage.index == 0 else "") + (
+            "LM head, " if stage.index == len(plan.stages) - 1 else ""
+        )
+        mark = "  <- binds" if stage.index == plan.binding_stage else ""
+        lines.append(
+            f"  stage {stage.index}: layers {stage.first_layer}-{stage.last_layer - 1} "
+            f"({stage.layers}, {ends}weights {stage.weight_bytes / GiB:.2f} GiB), "
+            f"KV {stage.kv_available_bytes / GiB:.2f} GiB, {stage.kv_blocks:,} blocks{mark}"
+        )
+    return lines
 
 
 def _sequences(count: int) -> str:
@@ -120,7 +162,10 @@ def _memory(plan: Plan) -> list[str]:
         ]
     return [
         "",
-        _row("Per GPU", "     GiB"),
+        _row(
+            "Per GPU" + (f" (stage {plan.binding_stage})" if len(plan.stages) > 1 else ""),
+            "     GiB",
+        ),
         _row("memory seen by CUDA", _gib(plan.gpu.memory_bytes)),
         _row(f"usable (x {s.gpu_memory_utilization:g})", _gib(plan.usable_bytes)),
         _row("weights", _gib(plan.weights.total)),
@@ -165,6 +210,15 @@ def _kv(plan: Plan) -> list[str]:
     return lines
 
 
+def _nodes(settings: PlanSettings) -> str:
+    """' (2 nodes of 4 GPUs)' for settings that need more than one machine, else ''."""
+    per_node = settings.gpus_per_node
+    world = settings.tensor_parallel_size * settings.pipeline_parallel_size
+    if per_node is None or world <= per_node:
+        return ""
+    return f" ({nodes_needed(world, per_node)} nodes of {per_node} GPUs)"
+
+
 def _verdict(plan: Plan) -> list[str]:
     lines = [
         "",
@@ -182,8 +236,8 @@ def _verdict(plan: Plan) -> list[str]:
         else:
             sug = plan.suggestion
             lines.append(
-                f"Cheapest change: {sug.change} -> {sug.kv_tokens:,} KV tokens, "
-                f"{_sequences(sug.max_sequences)} at full context"
+                f"Cheapest change: {sug.change}{_nodes(sug.settings)} -> {sug.kv_tokens:,} KV "
+                f"tokens, {_sequences(sug.max_sequences)} at full context"
             )
     lines += [f"Warning: {warning}" for warning in plan.warnings]
     lines += [f"Note: {note}" for note in plan.notes]
@@ -191,4 +245,4 @@ def _verdict(plan: Plan) -> list[str]:
 
 
 def render_table(plan: Plan) -> str:
-    return "\n".join(_header(plan) + _memory(plan) + _kv(plan) + _verdict(plan))
+    return "\n".join(_header(plan) + _memory(plan) + _stages(plan) + _kv(plan) + _verdict(plan))

@@ -25,7 +25,9 @@ CPU_KV_SPACE_GIB = 4.0  # vLLM's documented default for VLLM_CPU_KVCACHE_SPACE
 @dataclass(frozen=True, kw_only=True)
 class PlanSettings:
     tensor_parallel_size: int = 1
-    gpu_count: int | None = None  # None: tensor_parallel_size (one replica)
+    pipeline_parallel_size: int = 1  # stages, each tensor_parallel_size GPUs
+    gpu_count: int | None = None  # all GPUs; None: tp x pp (one replica)
+    gpus_per_node: int | None = None  # GPUs in one machine; None: all on one machine
     dtype: str = "auto"
     quantization: str = "none"  # none | awq
     awq_group_size: int = 128
@@ -39,6 +41,7 @@ class PlanSettings:
     prefix_caching: bool = True
     enforce_eager: bool = False  # no CUDA graphs, so no graph memory
     language_model_only: bool = False  # vLLM's language_model_only: no vision encoder loaded
+    images_per_prompt: int | None = None  # limit_mm_per_prompt's image; None: vLLM's 999
 
 
 def _batch_defaults(gpu: GpuSpec, tp: int) -> tuple[int, int]:
@@ -76,13 +79,25 @@ def _check_tp(spec: ModelSpec, tp: int) -> None:
         )
 
 
+def _check_pp(spec: ModelSpec, pp: int) -> None:
+    if pp < 1:
+        raise ServingError(f"--pp: must be >= 1, got {pp}")
+    if pp > spec.layers:
+        raise ServingError(f"--pp: {pp} stages exceed the {spec.layers} layers of {spec.name}")
+
+
 def resolve(spec: ModelSpec, gpu: GpuSpec, settings: PlanSettings) -> PlanSettings:
     """Check every value (ServingError naming the flag) and fill in vLLM's defaults."""
     tp = settings.tensor_parallel_size
+    pp = settings.pipeline_parallel_size
     _check_tp(spec, tp)
-    gpu_count = tp if settings.gpu_count is None else settings.gpu_count
-    if gpu_count < tp and not gpu.is_cpu:
-        raise ServingError(f"--gpus: {gpu_count} GPUs cannot hold tensor parallelism {tp}")
+    _check_pp(spec, pp)
+    gpu_count = tp * pp if settings.gpu_count is None else settings.gpu_count
+    if gpu_count < tp * pp and not gpu.is_cpu:
+        raise ServingError(
+            f"--gpus: {gpu_count} GPUs cannot hold tensor parallelism {tp} x "
+            f"pipeline parallelism {pp}"
+        )
     for value, flag in (
         (settings.max_model_len, engine_flag("max_model_len")),
         (settings.max_num_seqs, engine_flag("max_num_seqs")),
@@ -91,6 +106,7 @@ def resolve(spec: ModelSpec, gpu: GpuSpec, settings: PlanSettings) -> PlanSettin
         (settings.block_size, engine_flag("block_size")),
         (settings.awq_group_size, "--awq-group-size"),
         (gpu_count, "--gpus"),
+        (settings.gpus_per_node, "--gpus-per-node"),
     ):
         _positive(value, flag)
     utilization = settings.gpu_memory_utilization

@@ -1,7 +1,8 @@
 """Single changes to try on a plan that does not fit, cheapest first.
 
 Order: fp8 KV cache (free, small quality cost), a shorter max_model_len, AWQ int4 weights,
-more tensor parallelism (next powers of two that divide the heads), a bigger GPU. On the CPU
+more tensor parallelism (next powers of two that divide the heads; within one node when the
+plan names its GPUs per node), more pipeline stages (more nodes), a bigger GPU. On the CPU
 engine a bigger VLLM_CPU_KVCACHE_SPACE replaces the bigger GPU. `plan.plan_for` evaluates
 them in this order and reports the first that fits.
 """
@@ -23,6 +24,7 @@ from serving.planner.settings import PlanSettings, resolve
 Change = tuple[str, GpuSpec, PlanSettings]
 MIN_CONTEXT = 1024
 MAX_TP = 16
+MAX_PP = 8
 
 
 def _shorter_contexts(spec: ModelSpec, current: int) -> list[int]:
@@ -53,13 +55,23 @@ def candidate_changes(spec: ModelSpec, gpu: GpuSpec, settings: PlanSettings) -> 
         yield change, gpu, replace(settings, max_model_len=length)
     if settings.quantization == "none" and not gpu.is_cpu:
         yield f"{engine_flag('quantization')} awq", gpu, replace(settings, quantization="awq")
-    tp = settings.tensor_parallel_size
-    more = [2**k for k in range(1, 5) if tp < 2**k <= MAX_TP]
+    tp, pp = settings.tensor_parallel_size, settings.pipeline_parallel_size
+    gpus = settings.gpu_count or tp * pp
+    # A plan on one machine grows that machine; one that names its GPUs per node keeps TP
+    # within a node and grows across nodes with pipeline stages.
+    per_node = settings.gpus_per_node
+    more = [2**k for k in range(1, 5) if tp < 2**k <= min(MAX_TP, per_node or MAX_TP)]
     for new_tp in more:
-        count = max(settings.gpu_count or tp, new_tp)
+        count = max(gpus, new_tp * pp)
         changed = replace(settings, tensor_parallel_size=new_tp, gpu_count=count)
         if _valid(spec, gpu, changed):
             yield f"--tp {new_tp} --gpus {count}", gpu, changed
+    if not gpu.is_cpu:  # vLLM 0.32's CPU build cannot run pipeline parallelism
+        for new_pp in (2**k for k in range(1, 4) if pp < 2**k <= MAX_PP):
+            count = max(gpus, tp * new_pp)
+            changed = replace(settings, pipeline_parallel_size=new_pp, gpu_count=count)
+            if _valid(spec, gpu, changed):
+                yield f"--pp {new_pp} --gpus {count}", gpu, changed
     if gpu.is_cpu:
         space = settings.kv_space_gib or 0.0
         for factor in (2, 4, 8):

@@ -5,6 +5,10 @@ DeltaNet input projections split their outputs; o, down and the DeltaNet output 
 split their inputs. K/V heads are replicated when tp > kv_heads (one head per GPU). Embeddings
 and the LM head split the vocabulary (padded to 64). Norms are replicated.
 
+Pipeline parallelism (`first_stage` / `last_stage`, vLLM's Qwen models): the input embedding
+lives on the first stage, the LM head and the final norm on the last; with tied embeddings
+the last stage keeps its own copy of the embedding as its LM head.
+
 AWQ (4 bit, zero point, group size g) stores each linear layer as qweight int32
 [in, out/8], qzeros int32 [in/g, out/8] and scales fp16 [in/g, out]; embeddings, LM head,
 norms, biases, MoE routers and the vision encoder stay 16 bit.
@@ -100,15 +104,19 @@ def linear_layers(spec: ModelSpec, tp: int) -> list[Linear]:
     return layers
 
 
-def embedding_params(spec: ModelSpec, tp: int) -> int:
-    """Input embedding plus LM head (unless tied), one GPU's vocabulary shard."""
+def embedding_params(
+    spec: ModelSpec, tp: int, *, first_stage: bool = True, last_stage: bool = True
+) -> int:
+    """Input embedding plus LM head (unless tied), one GPU's vocabulary shard, on a stage."""
     shard = cdiv(cdiv(spec.vocab, VOCAB_PADDING) * VOCAB_PADDING, tp) * spec.hidden
-    return shard if spec.tied_embeddings else 2 * shard
+    if first_stage and last_stage:
+        return shard if spec.tied_embeddings else 2 * shard
+    return shard * (int(first_stage) + int(last_stage))
 
 
-def other_params(spec: ModelSpec, tp: int) -> int:
+def other_params(spec: ModelSpec, tp: int, *, last_stage: bool = True) -> int:
     """Norms (replicated), DeltaNet conv1d/dt_bias/A_log (sharded), vision encoder (sharded)."""
-    norms = (2 * spec.layers + 1) * spec.hidden
+    norms = (2 * spec.layers + int(last_stage)) * spec.hidden
     if spec.qk_norm:
         norms += 2 * spec.head_dim * spec.full_attention_layers
     gdn = 0
@@ -140,9 +148,17 @@ def awq_linear_bytes(in_features: int, out_features: int, group_size: int) -> in
 
 
 def weight_bytes(
-    spec: ModelSpec, tp: int, *, dtype_bytes: int, awq_group_size: int | None
+    spec: ModelSpec,
+    tp: int,
+    *,
+    dtype_bytes: int,
+    awq_group_size: int | None,
+    first_stage: bool = True,
+    last_stage: bool = True,
 ) -> WeightBytes:
-    """One GPU's weight bytes at a precision (`awq_group_size` None: unquantized)."""
+    """One GPU's weight bytes at a precision (`awq_group_size` None: unquantized).
+
+    For one pipeline stage pass that stage's layers as `spec` (`stages.stage_spec`)."""
     linear = 0
     experts = 0
     for layer in linear_layers(spec, tp):
@@ -156,8 +172,9 @@ def weight_bytes(
             experts += layer.count * one
     return WeightBytes(
         linear=linear,
-        embeddings=embedding_params(spec, tp) * dtype_bytes,
-        other=other_params(spec, tp) * dtype_bytes,
+        embeddings=embedding_params(spec, tp, first_stage=first_stage, last_stage=last_stage)
+        * dtype_bytes,
+        other=other_params(spec, tp, last_stage=last_stage) * dtype_bytes,
         routed_experts=experts,
     )
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
 
 # A model reference of this form names a model the project builds itself.
 BUILTIN_PREFIX = "builtin:"
@@ -17,7 +17,32 @@ Dtype = Literal["auto", "float16", "bfloat16", "float32"]
 Quantization = Literal["none", "awq"]
 KvCacheDtype = Literal["auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2"]
 Device = Literal["cpu", "gpu"]
+MODALITIES = ("image", "video", "audio")  # vLLM's names in limit_mm_per_prompt
+ToolStrictLevel = Literal["auto", "function", "parameter"]
+StructuredOutputsBackend = Literal["auto", "xgrammar", "guidance", "outlines", "lm-format-enforcer"]
 GIB = 1 << 30
+
+
+class StructuredOutputs(BaseModel):
+    """How vLLM constrains output to a JSON schema, regex or grammar (`response_format`,
+    `tool_choice="required"` or a named tool)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    backend: StructuredOutputsBackend = "auto"
+    # JSON without free whitespace: a weak model otherwise fills the grammar's optional
+    # whitespace until max_tokens and never closes the object.
+    disable_any_whitespace: bool = False
+
+    @model_validator(mode="after")
+    def _supported(self) -> StructuredOutputs:
+        if self.disable_any_whitespace and self.backend not in ("xgrammar", "guidance"):
+            # vLLM's own rule (StructuredOutputsConfig), said before vLLM starts.
+            raise ValueError(
+                "structured_outputs.disable_any_whitespace needs backend xgrammar or guidance, "
+                f"not {self.backend!r}"
+            )
+        return self
 
 
 class Profile(BaseModel):
@@ -29,7 +54,9 @@ class Profile(BaseModel):
     description: str = ""
     device: Device
     gpu: str | None = Field(default=None, description="GPU type for the planner, e.g. rtx-4090")
-    gpu_count: int = Field(default=1, ge=1)
+    gpu_count: int = Field(default=1, ge=1, description="GPUs per node (machine)")
+    # Machines one replica spans: vLLM on a Ray cluster, `gpu_count` GPUs on each.
+    nodes: int = Field(default=1, ge=1)
 
     model: str = Field(min_length=1, description="local path, hub name, or builtin:NAME")
     served_model_name: str = Field(min_length=1)
@@ -37,6 +64,7 @@ class Profile(BaseModel):
     dtype: Dtype = "auto"
     quantization: Quantization = "none"
     tensor_parallel_size: int = Field(default=1, ge=1)
+    pipeline_parallel_size: int = Field(default=1, ge=1)
     distributed_executor_backend: Literal["mp", "ray"] | None = None
     max_model_len: int = Field(ge=16)
     gpu_memory_utilization: float = Field(default=0.9, gt=0.0, le=1.0)
@@ -52,6 +80,21 @@ class Profile(BaseModel):
     # The CPU engine's KV cache in bytes, for sizes VLLM_CPU_KVCACHE_SPACE (whole GiB) cannot
     # say: a cache small enough to fill with a few sequences (the memory-plan load test).
     kv_cache_memory_bytes: int | None = Field(default=None, ge=1)
+    # Multimodal items one prompt may carry, per modality (vLLM's limit_mm_per_prompt):
+    # `{image: 4, video: 0}`. Empty: vLLM's defaults. The gateway refuses more images.
+    limit_mm_per_prompt: dict[str, int] = Field(default_factory=dict)
+    # Tool calling and reasoning, as vLLM parses them out of the model's text (names of vLLM's
+    # parsers: Qwen2.5 and Qwen3 write `hermes` tool calls, Qwen3 thinks for `qwen3`).
+    tool_call_parser: str | None = Field(default=None, min_length=1)
+    enable_auto_tool_choice: bool = False
+    # How far vLLM's grammar holds tool calls: "auto" constrains the call's markup and name
+    # when a tool is required or named, and its arguments only for tools marked `strict`;
+    # "parameter" holds every call's arguments to the tool's JSON schema.
+    tool_strict_level: ToolStrictLevel = "auto"
+    reasoning_parser: str | None = Field(default=None, min_length=1)
+    structured_outputs: StructuredOutputs = Field(default_factory=StructuredOutputs)
+    # Chat template arguments every request gets unless it sets its own (enable_thinking).
+    default_chat_template_kwargs: dict[str, JsonValue] = Field(default_factory=dict)
     env: dict[str, str] = Field(default_factory=dict)
 
     @model_validator(mode="after")
@@ -69,8 +112,16 @@ class Profile(BaseModel):
             raise ValueError(
                 "max_num_batched_tokens must be >= max_model_len when chunked prefill is off"
             )
+        if self.enable_auto_tool_choice and self.tool_call_parser is None:
+            raise ValueError("enable_auto_tool_choice needs tool_call_parser (e.g. hermes)")
         if self.device == "gpu" and self.gpu is None:
             raise ValueError("gpu is required for a gpu profile (e.g. rtx-4090)")
+        for modality, count in self.limit_mm_per_prompt.items():
+            if modality not in MODALITIES or count < 0:
+                raise ValueError(
+                    f"limit_mm_per_prompt: {modality}: {count} (modalities: "
+                    f"{', '.join(MODALITIES)}; counts >= 0)"
+                )
         if self.kv_cache_memory_bytes is not None:
             if self.device != "cpu":
                 raise ValueError("kv_cache_memory_bytes is for cpu profiles (GPUs: utilization)")
@@ -79,6 +130,34 @@ class Profile(BaseModel):
                 raise ValueError(
                     "set kv_cache_memory_bytes or env VLLM_CPU_KVCACHE_SPACE, not both"
                 )
+        return self
+
+    @model_validator(mode="after")
+    def _parallel(self) -> Profile:
+        """Stages x TP against the GPUs and nodes; one line naming the field."""
+        world = self.tensor_parallel_size * self.pipeline_parallel_size
+        if self.device == "cpu" and self.pipeline_parallel_size > 1:
+            raise ValueError(
+                "pipeline_parallel_size: > 1 fails in vLLM 0.32's CPU build (its second stage "
+                "gets no intermediate tensors); on CPUs split with tensor_parallel_size"
+            )
+        if self.device == "gpu" and world > self.gpu_count * self.nodes:
+            raise ValueError(
+                f"pipeline_parallel_size x tensor_parallel_size = {world} needs that many "
+                f"GPUs, nodes x gpu_count is {self.nodes * self.gpu_count}"
+            )
+        if self.nodes == 1:
+            return self
+        if self.distributed_executor_backend != "ray":
+            raise ValueError(f"distributed_executor_backend: must be ray for nodes {self.nodes}")
+        if self.device == "gpu" and world != self.gpu_count * self.nodes:
+            # vLLM's Ray executor spreads one replica's workers; a spare GPU would sit idle.
+            raise ValueError(
+                f"nodes: {self.nodes} x gpu_count {self.gpu_count} must equal "
+                f"pipeline_parallel_size x tensor_parallel_size = {world}"
+            )
+        if world < self.nodes:
+            raise ValueError(f"nodes: {self.nodes} exceeds the {world} workers of one replica")
         return self
 
     @property

@@ -72,8 +72,73 @@ def test_profile_flags_are_accepted_by_vllm(profile: Profile) -> None:
     assert built.enable_prefix_caching == profile.enable_prefix_caching
     assert built.quantization == (None if profile.quantization == "none" else profile.quantization)
     assert built.enforce_eager == profile.enforce_eager
+    assert built.limit_mm_per_prompt == profile.limit_mm_per_prompt
     if profile.device == "gpu":
         assert built.gpu_memory_utilization == profile.gpu_memory_utilization
+
+
+def validate_like_the_server(namespace: argparse.Namespace) -> Any:
+    """What vLLM's server checks before it loads anything: the tool-call and reasoning parsers
+    are registered ones (the reasoning parser as EngineArgs hands it to the config)."""
+    from vllm.entrypoints.launchers.launcher import validate_api_server_args
+
+    outputs = engine_args_from(namespace).create_structured_outputs_config()
+    validate_api_server_args(  # type: ignore[no-untyped-call]
+        argparse.Namespace(**{**vars(namespace), "structured_outputs_config": outputs})
+    )
+    return outputs
+
+
+@pytest.mark.parametrize("profile", load_all_profiles(), ids=lambda p: p.name)
+def test_profile_tool_and_reasoning_settings_reach_vllm(profile: Profile) -> None:
+    namespace = parse_with_vllm(engine_args(profile, profile.model, host="127.0.0.1", port=8001))
+    outputs = validate_like_the_server(namespace)
+    assert namespace.tool_call_parser == profile.tool_call_parser
+    assert namespace.enable_auto_tool_choice == profile.enable_auto_tool_choice
+    assert namespace.tool_strict_level == profile.tool_strict_level
+    assert outputs.reasoning_parser == (profile.reasoning_parser or "")
+    assert outputs.backend == profile.structured_outputs.backend
+    assert outputs.disable_any_whitespace == profile.structured_outputs.disable_any_whitespace
+    assert (namespace.default_chat_template_kwargs or {}) == profile.default_chat_template_kwargs
+
+
+# What each model family writes (the format its chat template teaches): Qwen2.5 and Qwen3 JSON
+# tool calls in <tool_call> (hermes), Qwen3.5 XML ones (qwen3_coder); Qwen3 and Qwen3.5 think.
+FAMILY_PARSERS = {
+    "Qwen/Qwen2.5-": ("hermes", None),
+    "Qwen/Qwen3-": ("hermes", "qwen3"),
+    "Qwen/Qwen3.5-": ("qwen3_coder", "qwen3"),
+    "QuantTrio/Qwen3.5-": ("qwen3_coder", "qwen3"),
+}
+# The project's text-only tiny Qwen3 builds (its template renders tools like Qwen3's).
+TINY_TEXT_MODELS = ("builtin:qwen3-tiny", "builtin:qwen3-tiny-awq")
+
+
+def family_parsers(model: str) -> tuple[str, str | None]:
+    if model in TINY_TEXT_MODELS:
+        return ("hermes", "qwen3")
+    found = [parsers for prefix, parsers in FAMILY_PARSERS.items() if model.startswith(prefix)]
+    assert len(found) == 1, f"{model}: add its family to FAMILY_PARSERS"
+    return found[0]
+
+
+@pytest.mark.parametrize(
+    "profile",
+    [p for p in load_all_profiles() if p.builtin_model is None or p.model in TINY_TEXT_MODELS],
+    ids=lambda p: p.name,
+)
+def test_every_qwen_profile_parses_its_familys_tool_calls_and_thinking(profile: Profile) -> None:
+    assert (profile.tool_call_parser, profile.reasoning_parser) == family_parsers(profile.model)
+    assert profile.enable_auto_tool_choice
+
+
+def test_unregistered_parsers_fail_vllms_server_checks() -> None:
+    args = engine_args(load_profile("cpu-tiny"), "m", host="127.0.0.1", port=8001)
+    for flag in (engine_flag("tool_call_parser"), engine_flag("reasoning_parser")):
+        wrong = [*args]
+        wrong[wrong.index(flag) + 1] = "qwen9"
+        with pytest.raises(KeyError, match="qwen9"):
+            validate_like_the_server(parse_with_vllm(wrong))
 
 
 def test_a_wrong_flag_fails_in_vllms_parser() -> None:
@@ -109,12 +174,15 @@ def test_every_engine_flag_is_one_vllms_server_takes() -> None:
             "tokenizer": "tok",
             "quantization": "awq",
             "distributed_executor_backend": "mp",
+            "pipeline_parallel_size": 2,
             "max_num_batched_tokens": 4096,
             "block_size": 32,
             "enforce_eager": True,
             "cpu_offload_gb": 1.5,
             "kv_offloading_size_gib": 2.0,
             "kv_cache_memory_bytes": 9 << 20,
+            "limit_mm_per_prompt": {"image": 4, "video": 0},
+            "tool_strict_level": "parameter",
         }
     )
     args = [*engine_args(profile, "m", host="127.0.0.1", port=8001)]
@@ -124,9 +192,16 @@ def test_every_engine_flag_is_one_vllms_server_takes() -> None:
     expected = {**profile.model_dump(), "model": "m", "language_model_only": True}
     expected.update(host="127.0.0.1", port=8001, kv_offloading_size=2.0)
     expected["served_model_name"] = [profile.served_model_name]  # vLLM's takes several
+    expected["structured_outputs_config"] = profile.structured_outputs.model_dump()
     for name in ENGINE_FLAGS:
-        dest = "kv_offloading_size" if name == "kv_offloading_size_gib" else name
-        assert getattr(namespace, dest) == expected[dest], name
+        dest = {
+            "kv_offloading_size_gib": "kv_offloading_size",
+            "structured_outputs": "structured_outputs_config",
+        }.get(name, name)
+        value = getattr(namespace, dest)
+        if dest == "structured_outputs_config":  # vLLM's config object: compare our fields
+            value = {key: getattr(value, key) for key in expected[dest]}
+        assert value == expected[dest], name
 
 
 def test_bench_args_are_what_vllm_bench_serve_parses() -> None:

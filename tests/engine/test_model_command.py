@@ -50,3 +50,14 @@ def test_awq_command_bad_flags_get_one_line(
     assert main(argv) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"serving model: error: {message}")
+
+
+def test_tiny_vl_command_builds_and_prints_the_directory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "vl"
+    assert main(["model", "tiny-vl", "--out", str(out)]) == 0
+    assert capsys.readouterr().out.strip() == str(out.resolve())
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["Qwen2_5_VLForConditionalGeneration"]
+    assert (out / "preprocessor_config.json").is_file()

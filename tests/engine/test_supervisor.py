@@ -111,3 +111,18 @@ def test_root_cause_prefers_the_exception_over_the_wrapper(tmp_path: Path) -> No
     assert root_cause(log) == "RuntimeError: FP8 needs AVX-512"
     log.write_text("no errors here\n")
     assert root_cause(log) == ""
+
+
+def test_stop_ends_what_the_server_ran_on_after_the_server(tmp_path: Path) -> None:
+    """A Ray head the launcher started (`on_stop`) goes after vLLM, never before it."""
+    port = free_port()
+    events: list[str] = []
+    process = fake_process(tmp_path, port)
+
+    def gone() -> None:
+        events.append("server gone" if process.exit_code() is not None else "server alive")
+
+    supervisor = Supervisor(make_process=lambda: process, on_stop=gone)
+    supervisor.start()
+    supervisor.stop()
+    assert events == ["server gone"]

@@ -232,7 +232,8 @@ class FakeUpstream:
     async def _serve(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
-        app = web.Application()
+        # vLLM sets no body limit (aiohttp's default is 1 MiB): bodies with images pass.
+        app = web.Application(client_max_size=256 * 1024 * 1024)
         routes: list[tuple[str, str, Handler]] = [
             ("GET", "/health", self._health),
             ("GET", "/v1/models", self._models),

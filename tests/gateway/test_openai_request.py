@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import base64
+import io
 import json
 from typing import Any
 
 import pytest
+from PIL import Image
 
 from serving.gateway.errors import InvalidRequestError
+from serving.gateway.images import IMAGE_PART_TOKENS, ImagePolicy
 from serving.gateway.openai_request import (
     BASE_TOKENS,
     PER_MESSAGE_TOKENS,
@@ -157,3 +161,23 @@ def test_check_max_tokens_names_the_param_it_was_given() -> None:
     with pytest.raises(InvalidRequestError) as caught:
         check_max_tokens(-1, "max_completion_tokens")
     assert caught.value.param == "max_completion_tokens"
+
+
+def test_an_image_part_costs_its_tokens_by_the_policy_given() -> None:
+    """The image's tokens by the rule's bounds, plus the template's around it; the rest
+    of the message as before (tests/gateway/test_images.py holds the rule to transformers)."""
+    buffer = io.BytesIO()
+    Image.new("RGB", (1000, 1000)).save(buffer, "PNG")
+    url = "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+    part = {"type": "image_url", "image_url": {"url": url}}
+    body = chat(messages=[{"role": "user", "content": [part]}])
+    small = ImagePolicy(patch_size=14, merge_size=2, min_pixels=784, max_pixels=28 * 28 * 16,
+                        max_images=1)  # fmt: skip
+    base = BASE_TOKENS + PER_MESSAGE_TOKENS + len("user") + IMAGE_PART_TOKENS
+    assert parse_completion_request("chat", body, images=small).prompt_estimate == base + 16
+    default = parse_completion_request("chat", body).prompt_estimate
+    assert default == base + 36 * 36  # 1000 px rounds to 1008 = 36 x 28 each way
+    two = chat(messages=[{"role": "user", "content": [part, part]}])
+    with pytest.raises(InvalidRequestError, match="at most 1") as caught:
+        parse_completion_request("chat", two, images=small)
+    assert caught.value.param == "messages[0].content[1]"

@@ -25,7 +25,19 @@ K8S_DIR = ROOT / "k8s"
 OVERLAYS_DIR = K8S_DIR / "overlays"
 IMAGES_DIR = K8S_DIR / "components" / "images"
 # The overlays the issue asks for; any other directory under k8s/overlays is tested too.
-EXPECTED_OVERLAYS = ("cpu-demo", "gpu-128k", "gpu-27b-awq-tp4", "gpu-4x24gb-fp16", "gpu-awq-1x24gb")
+EXPECTED_OVERLAYS = (
+    "cpu-demo",
+    "gpu-128k",
+    "gpu-27b-awq-tp4",
+    "gpu-4x24gb-fp16",
+    "gpu-72b-multinode",
+    "gpu-awq-1x24gb",
+)
+# LeaderWorkerSet (a model across nodes): the leader's pod template stands for the workload
+# where one pod spec is asked for; pod_specs() yields the workers' template too. The LWS
+# controller labels every pod of a set with this label and the set's name.
+LWS_KIND = "LeaderWorkerSet"
+LWS_NAME_LABEL = "leaderworkerset.sigs.k8s.io/name"
 NAMESPACE = "qwen-serving"
 PART_OF = {"app.kubernetes.io/part-of": "qwen-serving"}
 
@@ -57,7 +69,17 @@ def pod_spec(obj: Obj) -> Obj | None:
     if kind in ("Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job"):
         template: Obj | None = spec.get("template", {}).get("spec")
         return template
+    if kind == LWS_KIND:
+        return lws_templates(obj)[0]["spec"]  # type: ignore[no-any-return]
     return None
+
+
+def lws_templates(obj: Obj) -> list[Obj]:
+    """A LeaderWorkerSet's pod templates: the leader's (or the workers' when there is no
+    separate leader template), then the workers'."""
+    lwt: Obj = obj["spec"]["leaderWorkerTemplate"]
+    worker: Obj = lwt["workerTemplate"]
+    return [lwt.get("leaderTemplate") or worker, worker]
 
 
 def containers(spec: Obj, *, init: bool = True) -> list[Obj]:
@@ -129,6 +151,10 @@ class Rendered:
     def pod_specs(self) -> Iterator[tuple[Obj, Obj]]:
         """(workload, its pod spec) for every object that runs pods."""
         for obj in self.objects:
+            if obj.get("kind") == LWS_KIND:
+                for template in lws_templates(obj):
+                    yield obj, template["spec"]
+                continue
             spec = pod_spec(obj)
             if spec is not None:
                 yield obj, spec
@@ -174,6 +200,11 @@ class Renders:
 
 
 def pod_labels(workload: Obj) -> dict[str, str]:
+    """The labels of a workload's pods (a LeaderWorkerSet: its leader's, and the set's name
+    label the controller adds to every pod of the set)."""
+    if workload.get("kind") == LWS_KIND:
+        leader = lws_templates(workload)[0]["metadata"].get("labels", {})
+        return {**leader, LWS_NAME_LABEL: workload["metadata"]["name"]}
     labels: dict[str, str] = workload["spec"]["template"]["metadata"].get("labels", {})
     return labels
 
@@ -229,6 +260,7 @@ def job_of(rendered: Rendered, monitor: Obj) -> str:
             return str(service["metadata"]["labels"][spec["jobLabel"]])
         return str(service["metadata"]["name"])
     if spec.get("jobLabel"):
-        [workload] = [w for w, _ in rendered.pod_specs() if labels_match(selector, pod_labels(w))]
+        matching = [w for w, _ in rendered.pod_specs() if labels_match(selector, pod_labels(w))]
+        [workload] = list({id(w): w for w in matching}.values())  # an LWS yields two specs
         return str(pod_labels(workload)[spec["jobLabel"]])
     return f"{monitor['metadata']['namespace']}/{monitor['metadata']['name']}"

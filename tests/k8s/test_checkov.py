@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.k8s.rendered import K8S_DIR, Renders, overlay_names
+from tests.k8s.rendered import K8S_DIR, LWS_KIND, Renders, lws_templates, overlay_names
 from tests.k8s.tools import run_tool
 
 CONFIG = K8S_DIR / ".checkov.yaml"
@@ -51,6 +51,7 @@ MUST_BITE = {
     "CKV_K8S_8",
 }
 SKIP_KEY = "skip-check"
+LWS_POD_NAMES = ("engine-leader", "engine-worker")
 
 
 @dataclass(frozen=True)
@@ -124,9 +125,20 @@ def renders_and_bad_example(renders: Renders, directory: Path) -> list[Path]:
     files = []
     for overlay in overlay_names():
         try:
-            files.append(renders.write(overlay, directory))
+            path = renders.write(overlay, directory)
         except pytest.fail.Exception:
             continue  # test_overlay_renders says why; the others still get checked
+        # checkov knows no LeaderWorkerSet: its pod templates are checked as the Pods they make.
+        pods = [
+            {"apiVersion": "v1", "kind": "Pod", "metadata": {**obj["metadata"], "name": name},
+             "spec": template["spec"]}
+            for obj in renders(overlay).of_kind(LWS_KIND)
+            for name, template in zip(LWS_POD_NAMES, lws_templates(obj), strict=True)
+        ]  # fmt: skip
+        if pods:
+            with path.open("a", encoding="utf-8") as out:
+                out.write("---\n" + yaml.safe_dump_all(pods, sort_keys=False))
+        files.append(path)
     bad = directory / BAD_EXAMPLE
     bad.write_text(BAD_MANIFEST, encoding="utf-8")
     return [*files, bad]

@@ -21,6 +21,7 @@ from serving.k8s.overlays import (
 )
 from serving.profiles import load_profile
 from serving.profiles.loader import PROFILES_DIR
+from tests.k8s.tools import ROOT
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -73,9 +74,11 @@ def test_options_that_do_not_go_together(
 def test_all_writes_every_overlay_and_check_names_the_drifted_one(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    (tmp_path / "k8s").mkdir()
+    # A LeaderWorkerSet engine (a profile across nodes) is built from the base's engine pod.
+    shutil.copytree(ROOT / "k8s" / "base", tmp_path / "k8s" / "base")
     assert main(["k8s", "render", "--all", "--root", str(tmp_path)]) == 0
-    assert len(capsys.readouterr().out.splitlines()) == len(OVERLAYS)
+    written = capsys.readouterr().out.splitlines()
+    assert len(written) == len(OVERLAYS) + sum("/leaderworkerset." in line for line in written)
     for overlay in OVERLAYS:
         assert (tmp_path / OVERLAYS_DIR / overlay / GENERATED_NAME).is_file()
     assert main(["k8s", "render", "--all", "--check", "--root", str(tmp_path)]) == 0

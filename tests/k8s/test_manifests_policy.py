@@ -27,6 +27,8 @@ from tests.k8s.rendered import (
     EXPECTED_OVERLAYS,
     IMAGES_DIR,
     K8S_DIR,
+    LWS_KIND,
+    LWS_NAME_LABEL,
     NAMESPACE,
     PART_OF,
     Obj,
@@ -38,6 +40,7 @@ from tests.k8s.rendered import (
     image_tag,
     job_of,
     labels_match,
+    lws_templates,
     overlay_dirs,
     overlay_names,
     pod_labels,
@@ -63,6 +66,9 @@ PROMETHEUS_PEER = {
     "podSelector": {"matchLabels": {NAME: "prometheus"}},
 }
 GATEWAY_PEER = {"podSelector": {"matchLabels": {NAME: GATEWAY}}}
+# A model across nodes: the pods of the engine's LeaderWorkerSet reach one another on every
+# port (Ray, and NCCL on ports chosen at run time); nothing outside the set does.
+RAY_GROUP_PEER = {"podSelector": {"matchLabels": {LWS_NAME_LABEL: "engine"}}}
 ENGINE_QUEUE_METRICS = {"vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"}
 DRAIN_METRICS = ("vllm:num_requests_running", "vllm:num_requests_waiting")
 OVERLAY_NAMES = overlay_names()
@@ -73,12 +79,30 @@ def profile_of(overlay: str) -> Profile:
     return load_profile(OVERLAYS[overlay])
 
 
+def engine_kind(overlay: str) -> str:
+    """The engine's workload: a LeaderWorkerSet for a profile across nodes (its leader runs
+    vLLM's server), else a Deployment."""
+    return LWS_KIND if profile_of(overlay).nodes > 1 else "Deployment"
+
+
+def engine_workload(rendered: Rendered) -> Obj:
+    return rendered.one(engine_kind(rendered.overlay), "engine")
+
+
 def engine_pod(rendered: Rendered) -> Obj:
-    return pod_spec(rendered.one("Deployment", "engine")) or {}
+    return pod_spec(engine_workload(rendered)) or {}
+
+
+def engine_template(rendered: Rendered) -> Obj:
+    """The pod template of the pods that run vLLM's server."""
+    workload = engine_workload(rendered)
+    if workload["kind"] == LWS_KIND:
+        return lws_templates(workload)[0]
+    return workload["spec"]["template"]  # type: ignore[no-any-return]
 
 
 def vllm(rendered: Rendered) -> Obj:
-    return rendered.container("Deployment", "engine", "vllm")
+    return rendered.container(engine_kind(rendered.overlay), "engine", "vllm")
 
 
 def gateway_pod(rendered: Rendered) -> Obj:
@@ -126,7 +150,8 @@ def test_gpu_count_is_the_profiles_tensor_parallel_size(renders: Renders, overla
     rendered, profile = renders(overlay), profile_of(overlay)
     resources = vllm(rendered)["resources"]
     if profile.device == "gpu":
-        tp = profile.tensor_parallel_size
+        # Across nodes each pod holds one machine's GPUs: nodes x gpu_count == tp x pp.
+        tp = profile.gpu_count if profile.nodes > 1 else profile.tensor_parallel_size
         assert int(resources["limits"]["nvidia.com/gpu"]) == tp, overlay
         assert int(resources["requests"].get("nvidia.com/gpu", tp)) == tp, overlay
         pod = engine_pod(rendered)
@@ -138,7 +163,9 @@ def test_gpu_count_is_the_profiles_tensor_parallel_size(renders: Renders, overla
         for c in containers(spec)
         if "nvidia.com/gpu" in (c.get("resources") or {}).get("limits", {})
     ]
-    assert gpu_users == (["engine/vllm"] if profile.device == "gpu" else []), overlay
+    expected = ["engine/vllm"] if profile.device == "gpu" else []
+    expected += ["engine/ray-worker"] if profile.nodes > 1 else []
+    assert gpu_users == expected, overlay
 
 
 @pytest.mark.parametrize("overlay", OVERLAY_NAMES)
@@ -156,7 +183,7 @@ def test_shm_is_memory_backed_for_tensor_parallelism(renders: Renders, overlay: 
 @pytest.mark.parametrize("overlay", OVERLAY_NAMES)
 def test_the_engine_service_is_cluster_internal(renders: Renders, overlay: str) -> None:
     rendered = renders(overlay)
-    engine_labels = pod_labels(rendered.one("Deployment", "engine"))
+    engine_labels = pod_labels(engine_workload(rendered))
     exposing = [
         service
         for service in rendered.of_kind("Service")
@@ -176,7 +203,7 @@ def test_the_engine_service_is_cluster_internal(renders: Renders, overlay: str) 
 @pytest.mark.parametrize("overlay", OVERLAY_NAMES)
 def test_only_the_gateway_and_prometheus_reach_the_engine(renders: Renders, overlay: str) -> None:
     rendered = renders(overlay)
-    engine_labels = pod_labels(rendered.one("Deployment", "engine"))
+    engine_labels = pod_labels(engine_workload(rendered))
     deny = rendered.one("NetworkPolicy", "default-deny-ingress")["spec"]
     assert deny.get("podSelector") in ({}, None) and not deny.get("ingress"), overlay
     assert "Ingress" in deny.get("policyTypes", []), overlay
@@ -189,6 +216,8 @@ def test_only_the_gateway_and_prometheus_reach_the_engine(renders: Renders, over
     for policy in policies:
         for rule in policy["spec"].get("ingress") or []:
             where = f"{overlay} NetworkPolicy/{policy['metadata']['name']}"
+            if profile_of(overlay).nodes > 1 and rule.get("from") == [RAY_GROUP_PEER]:
+                continue  # its own group, on every port
             assert rule.get("from"), f"{where}: a rule without `from` admits everyone"
             assert rule.get("ports"), f"{where}: a rule without `ports` opens every port"
             assert all(p.get("port") in (8000, "http") for p in rule["ports"]), where
@@ -302,11 +331,19 @@ def test_the_gateway_is_highly_available_and_locked_down(renders: Renders, overl
 @pytest.mark.parametrize("overlay", OVERLAY_NAMES)
 @pytest.mark.parametrize("workload", ["engine", "gateway"])
 def test_pods_run_locked_down(renders: Renders, overlay: str, workload: str) -> None:
-    spec = pod_spec(renders(overlay).one("Deployment", workload)) or {}
+    rendered = renders(overlay)
+    kind = engine_kind(overlay) if workload == "engine" else "Deployment"
+    obj = rendered.one(kind, workload)
+    for owner, spec in rendered.pod_specs():
+        if owner is obj:
+            _assert_locked_down(spec, f"{overlay} {workload}")
+
+
+def _assert_locked_down(spec: Obj, workload: str) -> None:
     pod = spec.get("securityContext") or {}
-    assert spec.get("automountServiceAccountToken") is False, (overlay, workload)
+    assert spec.get("automountServiceAccountToken") is False, workload
     for container in containers(spec):
-        where = f"{overlay} {workload}/{container['name']}"
+        where = f"{workload}/{container['name']}"
         context = {**pod, **(container.get("securityContext") or {})}
         assert context.get("runAsNonRoot") is True and context.get("runAsUser", 1) != 0, where
         assert context.get("readOnlyRootFilesystem") is True, where
@@ -420,7 +457,7 @@ def test_engine_series_carry_the_profile_the_pod_runs(renders: Renders, overlay:
     if not rendered.of_kind("PodMonitor"):
         assert profile_of(overlay).device == "cpu", f"{overlay}: GPU overlays ship monitoring"
         return  # no monitoring component (cpu-demo): nothing scrapes the engine
-    template = rendered.one("Deployment", "engine")["spec"]["template"]
+    template = engine_template(rendered)
     annotations = template["metadata"].get("annotations") or {}
     assert annotations.get(PROFILE_ANNOTATION) == OVERLAYS[overlay], overlay
     # Prometheus' Kubernetes discovery: each character outside [a-zA-Z0-9_] becomes "_".

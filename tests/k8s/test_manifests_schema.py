@@ -1,7 +1,8 @@
 """Every overlay renders, and every object it renders is valid for the API that will get it.
 
 Built-in kinds: kubernetes-validate --strict (unknown fields fail) for two recent Kubernetes
-versions. Custom resources (ServiceMonitor, PodMonitor, PrometheusRule, ScaledObject): the
+versions. Custom resources (ServiceMonitor, PodMonitor, PrometheusRule, ScaledObject,
+LeaderWorkerSet): the
 openAPIV3Schema of the CRDs vendored in k8s/crds/<project>-v<version>/, closed against
 unknown fields where the API server's strict field validation (kubectl's default) rejects
 them, with the CRDs' CEL rules checked by hand (jsonschema cannot evaluate CEL).
@@ -285,6 +286,19 @@ spec:
       metadata: {serverAddress: "http://prometheus:9090", query: "1", threshold: "1"}
 """
 
+LEADER_WORKER_SET = """
+apiVersion: leaderworkerset.x-k8s.io/v1
+kind: LeaderWorkerSet
+metadata: {name: engine}
+spec:
+  leaderWorkerTemplate:
+    size: 2
+    restartPolicy: RecreateGroupOnPodRestart
+    workerTemplate:
+      spec:
+        containers: [{name: c, image: "example:1"}]
+"""
+
 
 @pytest.mark.parametrize(
     ("document", "change", "expected"),
@@ -297,6 +311,22 @@ spec:
         (SCALED_OBJECT, lambda o: None, None),
         (SCALED_OBJECT, lambda o: o["spec"].update(minReplicaCount=5), "CEL rule failed"),
         (SCALED_OBJECT, lambda o: o["spec"]["triggers"][0].pop("type"), "'type' is a required"),
+        (LEADER_WORKER_SET, lambda o: None, None),
+        (
+            LEADER_WORKER_SET,
+            lambda o: o["spec"]["leaderWorkerTemplate"].update(size="two"),
+            "leaderWorkerTemplate.size",
+        ),
+        (
+            LEADER_WORKER_SET,
+            lambda o: o["spec"]["leaderWorkerTemplate"].update(restartPolicy="Always"),
+            "is not one of",
+        ),
+        (
+            LEADER_WORKER_SET,
+            lambda o: o["spec"]["leaderWorkerTemplate"].update(groupSize=2),
+            "Additional properties",
+        ),
     ],
 )
 def test_the_crd_validation_bites(

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from tokenizers import Tokenizer
 
 from serving.models import tiny_tokenizer as tt
+from serving.models.chat_template import ADDED_TOKENS
 
 VOCAB_SIZE = 2048
 
@@ -41,7 +42,26 @@ def test_training_is_deterministic(tokenizer: Tokenizer) -> None:
 
 
 def test_vocabulary_has_the_requested_size(tokenizer: Tokenizer) -> None:
-    assert tokenizer.get_vocab_size() == VOCAB_SIZE
+    assert tokenizer.get_vocab_size(with_added_tokens=False) == VOCAB_SIZE
+    assert tokenizer.get_vocab_size() == VOCAB_SIZE + len(ADDED_TOKENS)
+
+
+def test_tool_and_think_markers_are_single_tokens_after_the_vocabulary(
+    tokenizer: Tokenizer, saved: Path
+) -> None:
+    from transformers import AutoTokenizer
+
+    loaded = AutoTokenizer.from_pretrained(saved)
+    for offset, token in enumerate(ADDED_TOKENS):
+        assert tokenizer.token_to_id(token) == VOCAB_SIZE + offset
+        assert loaded.convert_tokens_to_ids(token) == VOCAB_SIZE + offset
+    text = '<think>\nhm\n</think>\n\n<tool_call>\n{"name": "f"}\n</tool_call>'
+    ids = tokenizer.encode(text).ids
+    assert ids[0] == tokenizer.token_to_id("<think>")
+    assert ids[-1] == tokenizer.token_to_id("</tool_call>")
+    # Not special, as in Qwen's files: vLLM's parsers still see them in the decoded text.
+    assert tokenizer.decode(ids, skip_special_tokens=True) == text
+    assert loaded.decode(ids, skip_special_tokens=True) == text
 
 
 def test_special_tokens_are_single_ids_in_order(tokenizer: Tokenizer) -> None:

@@ -25,6 +25,7 @@ def test_shipped_profiles_cover_the_deployments_users_ask_for() -> None:
     assert any(p.max_model_len >= 131072 and p.tensor_parallel_size == 4 for p in gpu)
     assert any(p.quantization == "awq" and p.tensor_parallel_size == 4 for p in gpu)
     assert profiles["cpu-tiny-tp2"].tensor_parallel_size == 2
+    assert profiles["cpu-tiny-vl"].limit_mm_per_prompt.get("image") == 4
 
 
 def test_broken_fixture_names_the_field() -> None:
@@ -53,6 +54,9 @@ def test_broken_fixture_names_the_field() -> None:
             "not both",
         ),
         ({"device": "gpu", "gpu": "rtx-4090", "kv_cache_memory_bytes": 1 << 20}, "cpu profiles"),
+        ({"limit_mm_per_prompt": {"images": 4}}, "limit_mm_per_prompt"),
+        ({"limit_mm_per_prompt": {"image": -1}}, "limit_mm_per_prompt"),
+        ({"limit_mm_per_prompt": {"image": "many"}}, "limit_mm_per_prompt"),
     ],
 )
 def test_bad_values_name_the_field(override: dict[str, object], field: str) -> None:

@@ -8,6 +8,7 @@ import pytest
 from openai import OpenAI
 
 from serving.engine.process import http_ok
+from serving.gateway.images import ImagePolicy
 from serving.gateway.openai_request import chat_prompt_estimate
 from tests.integration.conftest import MODEL, eventually
 from tests.integration.scale_out import (
@@ -101,7 +102,7 @@ def test_max_concurrency_holds_across_replicas_and_slots_come_back(topology: Top
 def test_tokens_per_minute_hold_across_replicas(topology: Topology) -> None:
     body = long_stream()
     # A request books its prompt's estimate plus max_tokens: room for three, not four.
-    reservation = chat_prompt_estimate(body) + body["max_tokens"]
+    reservation = chat_prompt_estimate(body, ImagePolicy.defaults()) + body["max_tokens"]
     tpm = 3 * reservation + reservation // 2
 
     def check() -> None:

@@ -1,0 +1,67 @@
+"""Pipeline parallelism: which decoder layers each stage holds, and one GPU's memory per stage.
+
+vLLM splits the decoder layers over `pipeline_parallel_size` stages with `get_pp_indices`
+(vllm/distributed/utils.py, vLLM 0.32), mirrored by `pp_partition`: every stage gets
+layers // pp; the remainder goes one layer each to the stages before the last, counting back
+from the second-to-last (the last stage also holds the final norm and the LM head):
+
+    pp_partition(80, 2) == (40, 40)     pp_partition(30, 4) == (7, 8, 8, 7)
+
+(vLLM's VLLM_PP_LAYER_PARTITION overrides the split; plans assume it is unset.) A stage's
+GPU holds its layers' weights and KV cache, the input embedding on the first stage, the LM
+head on the last, and runs the sampler only on the last. At start-up vLLM gives every stage
+the smallest number of KV blocks any stage can hold, so the stage with the least KV space
+binds the whole replica.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from serving.planner.models import ModelSpec
+
+
+def pp_partition(layers: int, pp: int) -> tuple[int, ...]:
+    """Decoder layers per pipeline stage, as vLLM's `get_pp_indices` splits them."""
+    partitions = [layers // pp] * pp
+    for index in range(2, layers % pp + 2):
+        partitions[-index] += 1
+    return tuple(partitions)
+
+
+def pp_ranges(layers: int, pp: int) -> tuple[tuple[int, int], ...]:
+    """(start, end) layer indices of each stage, end exclusive."""
+    ranges: list[tuple[int, int]] = []
+    start = 0
+    for count in pp_partition(layers, pp):
+        ranges.append((start, start + count))
+        start += count
+    return tuple(ranges)
+
+
+def stage_spec(spec: ModelSpec, start: int, end: int) -> ModelSpec:
+    """The model as one stage sees it: only layers [start, end), their kinds kept."""
+    kinds = spec.layer_types[start:end] if spec.layer_types else ()
+    return replace(spec, layers=end - start, layer_types=kinds)
+
+
+@dataclass(frozen=True)
+class StageMemory:
+    """One GPU of one pipeline stage (sizes in bytes, per GPU)."""
+
+    index: int
+    first_layer: int
+    last_layer: int  # exclusive
+    weight_bytes: int
+    activation_bytes: int
+    kv_available_bytes: int
+    kv_blocks: int
+
+    @property
+    def layers(self) -> int:
+        return self.last_layer - self.first_layer
+
+
+def nodes_needed(gpus: int, gpus_per_node: int) -> int:
+    """Machines one replica of `gpus` GPUs spans at `gpus_per_node` each."""
+    return -(-gpus // gpus_per_node)

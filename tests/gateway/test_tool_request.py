@@ -1,0 +1,167 @@
+"""Tool and response schemas are checked before admission (400 naming the field), shapes are
+left to vLLM, and the prompt estimate of a tool conversation bounds what the tiny model's real
+chat template renders (the "never over a limit" promise holds with tools)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from serving.gateway.errors import InvalidRequestError
+from serving.gateway.openai_request import parse_completion_request
+from serving.gateway.tool_request import check_schemas, schema_problem
+
+GOOD = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}}}
+
+
+def tool(parameters: object) -> dict[str, Any]:
+    return {"type": "function", "function": {"name": "f", "parameters": parameters}}
+
+
+def response_format(schema: object) -> dict[str, Any]:
+    return {"type": "json_schema", "json_schema": {"name": "a", "schema": schema}}
+
+
+@pytest.mark.parametrize(
+    ("data", "param"),
+    [
+        ({"tools": [tool(GOOD), tool({"type": "objekt"})]}, "tools[1].function.parameters"),
+        (
+            {"tools": [tool({"properties": {"a": {"minimum": "1"}}})]},
+            "tools[0].function.parameters",
+        ),
+        (
+            {"response_format": response_format({"required": "city"})},
+            "response_format.json_schema.schema",
+        ),
+    ],
+)
+def test_a_schema_that_is_no_json_schema_is_a_400_naming_it(
+    data: dict[str, Any], param: str
+) -> None:
+    with pytest.raises(InvalidRequestError) as caught:
+        check_schemas(data)
+    assert caught.value.param == param
+    assert "not a valid JSON Schema" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        {"tools": [tool(GOOD)], "response_format": response_format(GOOD)},
+        {"tools": [tool(True)]},  # boolean schema: vLLM's to judge
+        {"tools": [{"type": "function", "function": {"name": "f"}}]},  # no parameters: fine
+        # Shapes vLLM refuses with a 400 naming the field itself: relayed, not duplicated.
+        {"tools": "f"},
+        {"tools": [{"type": "function", "function": {}}], "response_format": {"type": "text"}},
+        {"response_format": {"type": "json_schema", "json_schema": "x"}},
+        {"response_format": {"type": "json_schema", "json_schema": {"schema": 3}}},
+    ],
+)
+def test_valid_schemas_and_other_shapes_pass(data: dict[str, Any]) -> None:
+    check_schemas(data)
+
+
+def test_the_draft_a_schema_names_is_the_one_checked() -> None:
+    # Draft 4's exclusiveMaximum is a boolean; in 2020-12 it is a number.
+    draft4 = {
+        "$schema": "http://json-schema.org/draft-04/schema#",
+        "maximum": 5,
+        "exclusiveMaximum": True,
+    }
+    assert schema_problem(json.dumps(draft4)) is None
+    assert schema_problem(json.dumps({"maximum": 5, "exclusiveMaximum": True})) is not None
+
+
+def test_parse_checks_chat_schemas_only() -> None:
+    bad = {
+        "model": "m",
+        "messages": [{"role": "user", "content": "hi"}],
+        "tools": [tool({"type": 1})],
+    }
+    with pytest.raises(InvalidRequestError) as caught:
+        parse_completion_request("chat", json.dumps(bad).encode())
+    assert caught.value.param == "tools[0].function.parameters"
+
+
+# --- the prompt estimate with tools, against the real template -----------------------------
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    from transformers import AutoTokenizer
+
+    from serving.models import tiny_tokenizer as tt
+
+    out = tmp_path_factory.mktemp("tok")
+    # A small vocabulary makes more tokens of the same text: the harder case for a bound.
+    tt.save_tokenizer(tt.train_tokenizer(tt.read_corpus(), vocab_size=300), out, model_max_length=1)
+    return AutoTokenizer.from_pretrained(out)
+
+
+texts = st.text(st.characters(codec="utf-8"), max_size=40)
+schemas = st.fixed_dictionaries(
+    {"type": st.just("object")},
+    optional={"properties": st.dictionaries(texts, st.just({"type": "string"}), max_size=3)},
+)
+tools = st.lists(
+    st.builds(
+        lambda name, description, schema: {
+            "type": "function",
+            "function": {"name": name or "f", "description": description, "parameters": schema},
+        },
+        st.from_regex(r"[a-z_]{1,12}", fullmatch=True),
+        texts,
+        schemas,
+    ),
+    min_size=1,
+    max_size=3,
+)
+calls = st.lists(
+    st.builds(
+        lambda i, name, arguments: {
+            "id": f"call_{i}",
+            "type": "function",
+            "function": {"name": name, "arguments": json.dumps(arguments, ensure_ascii=False)},
+        },
+        st.integers(0, 99),
+        st.from_regex(r"[a-z_]{1,12}", fullmatch=True),
+        st.dictionaries(texts, texts, max_size=3),
+    ),
+    min_size=1,
+    max_size=3,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(tools=tools, calls=calls, results=st.lists(texts, min_size=1, max_size=3), ask=texts)
+def test_estimate_bounds_the_rendered_tool_conversation(
+    tokenizer: Any, tools: list[Any], calls: list[Any], results: list[str], ask: str
+) -> None:
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": ask},
+        {"role": "assistant", "content": None, "tool_calls": calls},
+        *({"role": "tool", "tool_call_id": "call_0", "content": text} for text in results),
+    ]
+    body = {"model": "m", "messages": messages, "tools": tools, "tool_choice": "required"}
+    estimate = parse_completion_request("chat", json.dumps(body).encode()).prompt_estimate
+    # transformers' template input: arguments as objects (vLLM parses them the same way)
+    rendered = [
+        {**m, "tool_calls": [_parsed(c) for c in m["tool_calls"]]} if "tool_calls" in m else m
+        for m in messages
+    ]
+    for thinking in (False, True):
+        ids = tokenizer.apply_chat_template(
+            rendered, tools=tools, add_generation_prompt=True, enable_thinking=thinking
+        )
+        assert len(ids) <= estimate
+
+
+def _parsed(call: dict[str, Any]) -> dict[str, Any]:
+    function = call["function"]
+    return {**call, "function": {**function, "arguments": json.loads(function["arguments"])}}

@@ -1,0 +1,50 @@
+"""`serving up`'s gateway settings for images come from the served model's files and the
+profile (the engine side of the same numbers)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from serving.profiles.model import Profile
+from serving.stack import gateway_image_settings
+
+
+def profile(model: str, **fields: object) -> Profile:
+    return Profile.model_validate(
+        {"name": "p", "device": "cpu", "model": model, "served_model_name": "m",
+         "max_model_len": 1024, **fields}
+    )  # fmt: skip
+
+
+def test_a_local_vision_model_passes_its_rule_and_the_profile_limit(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(
+        json.dumps({"vision_config": {"patch_size": 14, "spatial_merge_size": 2}})
+    )
+    (tmp_path / "preprocessor_config.json").write_text(
+        json.dumps({"min_pixels": 784, "max_pixels": 50176})
+    )
+    settings = gateway_image_settings(profile(str(tmp_path), limit_mm_per_prompt={"image": 3}))
+    assert settings == {
+        "max_images_per_request": 3,
+        "image_patch_size": 14,
+        "image_merge_size": 2,
+        "image_min_pixels": 784,
+        "image_max_pixels": 50176,
+    }
+
+
+def test_a_local_text_model_refuses_images(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3"}))
+    assert gateway_image_settings(profile(str(tmp_path))) == {"max_images_per_request": 0}
+
+
+def test_a_hub_model_not_in_the_cache_keeps_the_defaults(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    hub = profile("Qwen/Qwen2.5-VL-7B-Instruct", limit_mm_per_prompt={"image": 2})
+    assert gateway_image_settings(hub) == {"max_images_per_request": 2}
+    assert gateway_image_settings(profile("Qwen/Qwen2.5-VL-7B-Instruct")) == {}
