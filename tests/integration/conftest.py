@@ -138,14 +138,18 @@ def descendants(pid: int) -> list[psutil.Process]:
         return []
 
 
-@pytest.fixture(scope="session")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+@contextmanager
+def serving_up(
+    workdir: Path, *, profile: str | None = None, timeout: float = 900
+) -> Iterator[Stack]:
+    """`serving up` (with `profile`, else the default) as a user starts it; SIGINT at the end,
+    which also checks that no process of the stack outlives it."""
     port, engine_port, launcher_port = free_port(), free_port(), free_port()
-    workdir = tmp_path_factory.mktemp("stack")
     output, keys_db = workdir / "serving-up.out", workdir / "keys.db"
+    chosen = [] if profile is None else ["--profile", profile]
     with output.open("w") as sink:
         process = subprocess.Popen(
-            [sys.executable, "-m", "serving.cli", "up", "--port", str(port),
+            [sys.executable, "-m", "serving.cli", "up", *chosen, "--port", str(port),
              "--engine-port", str(engine_port), "--metrics-port", str(launcher_port),
              "--keys-db", str(keys_db)],
             env=serving_env(SERVING_API_KEY=TEST_KEY),
@@ -154,7 +158,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     stack = Stack(f"http://127.0.0.1:{port}", f"http://127.0.0.1:{engine_port}", TEST_KEY,
                   process, output, keys_db, f"http://127.0.0.1:{launcher_port}")  # fmt: skip
     try:
-        wait_for(f"{stack.gateway_url}/healthz", process, output, timeout=900)
+        wait_for(f"{stack.gateway_url}/healthz", process, output, timeout=timeout)
         wait_for(f"{stack.engine_url}/health", process, output, timeout=60)
         yield stack
     finally:
@@ -167,3 +171,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             raise
         _, alive = psutil.wait_procs(children, timeout=30)
         assert not alive, f"processes left behind by serving up: {alive}"
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    with serving_up(tmp_path_factory.mktemp("stack")) as running:
+        yield running

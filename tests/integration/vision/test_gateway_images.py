@@ -4,8 +4,8 @@ The gateway reserves an image's tokens from its header before vLLM sees it; here
 `usage.prompt_tokens` is the ground truth: every reservation is at least what vLLM counted
 (the "never over a limit" guarantee), an image costs exactly the tokens the gateway computes
 for it from the model's files, whatever its file size, and a key's remaining tokens move by
-that count, not by the base64 length. `serving up --profile cpu-tiny-vl` is started once for
-the module, the way a user starts it, and passes the model's image rule to the gateway.
+that count, not by the base64 length. `serving up --profile cpu-tiny-vl` (the package's stack,
+conftest.py) is started the way a user starts it and passes the model's image rule to the gateway.
 """
 
 from __future__ import annotations
@@ -13,15 +13,10 @@ from __future__ import annotations
 import base64
 import io
 import json
-import signal
-import subprocess
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
-import psutil
 import pytest
 from PIL import Image
 
@@ -32,18 +27,12 @@ from serving.gateway.openai_request import BASE_TOKENS, PER_MESSAGE_TOKENS
 from serving.gateway.settings import GatewaySettings
 from serving.profiles import load_profile
 from tests.integration.conftest import (
-    REPO,
-    TEST_KEY,
     Stack,
-    descendants,
     eventually,
-    serving_env,
-    wait_for,
 )
 from tests.integration.test_gateway_quota import create_key, gateway_metrics
-from tests.ports import free_port
+from tests.integration.vision.conftest import PROFILE
 
-PROFILE = "cpu-tiny-vl"
 MODEL = "qwen2.5-vl-tiny"
 TEXT = {"type": "text", "text": "Describe the picture."}
 # (format, Pillow options, width, height): every format, below, inside and above the
@@ -57,37 +46,6 @@ IMAGES = [
     ("WEBP", {"quality": 80}, 333, 77),
     ("WEBP", {"lossless": True}, 2000, 15),
 ]
-
-
-@pytest.fixture(scope="module")
-def vl_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    port, engine_port, launcher_port = free_port(), free_port(), free_port()
-    workdir = tmp_path_factory.mktemp("vl-stack")
-    output, keys_db = workdir / "serving-up.out", workdir / "keys.db"
-    with output.open("w") as sink:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "serving.cli", "up", "--profile", PROFILE, "--port", str(port),
-             "--engine-port", str(engine_port), "--metrics-port", str(launcher_port),
-             "--keys-db", str(keys_db)],
-            env=serving_env(SERVING_API_KEY=TEST_KEY),
-            stdout=sink, stderr=subprocess.STDOUT, text=True, cwd=REPO,
-        )  # fmt: skip
-    stack = Stack(f"http://127.0.0.1:{port}", f"http://127.0.0.1:{engine_port}", TEST_KEY,
-                  process, output, keys_db, f"http://127.0.0.1:{launcher_port}")  # fmt: skip
-    try:
-        wait_for(f"{stack.gateway_url}/healthz", process, output, timeout=1200)
-        wait_for(f"{stack.engine_url}/health", process, output, timeout=60)
-        yield stack
-    finally:
-        children = descendants(process.pid)
-        process.send_signal(signal.SIGINT)
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            raise
-        _, alive = psutil.wait_procs(children, timeout=30)
-        assert not alive, f"processes left behind by serving up: {alive}"
 
 
 @pytest.fixture(scope="module")
