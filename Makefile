@@ -92,7 +92,7 @@ integration: $(STAMP)
 	$(BIN)/python -m pytest -q -m integration
 
 test: lint typecheck $(SYSTEM_STAMP) $(K8S_STAMP)
-	$(BIN)/python -m pytest -q -rfEs
+	$(BIN)/python -m pytest -q -rfEs --durations=25
 
 # Load tests run against the stack on $(PORT)/$(ENGINE_PORT), starting it when it is not up.
 LOADTEST_OUT ?= var/loadtest

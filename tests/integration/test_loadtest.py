@@ -82,13 +82,18 @@ def test_locust_run_through_the_gateway_matches_the_engine_counters(
 
 
 # What the medians of our harness and vLLM's benchmark client are held to. On quiet rounds (no
-# client's own rounds spread wider than 10%) the claim itself: within 10%. On the busy 2-core
-# machine, where other processes take most of the CPU and one client's rounds spread 25-110%,
-# only what no stall moved in any run measured there (README, cross-check section): ratios
-# of 0.79-0.93 for throughput and 1.18-1.53 for mean TTFT, held with a margin.
+# client's own rounds spread wider than 10%) the claim itself: within 10%. On the 2-core
+# machine the engine's two processes keep both cores busy, and every round spread 20-140% on
+# one side or the other (README, cross-check section), so only what no run measured there
+# moved: the throughput ratio (0.79-0.96 in every run) and the engine's own mean TTFT
+# under each client (0.93-1.11: both clients put the same load on the engine), with a margin.
+# The clients' own mean TTFT ratio ranged 0.51-1.53: time spent waiting for a core outside
+# the engine, not a property of either harness; it is held only to the same order (a unit or
+# a clock mistake would be 1000x).
 QUIET = 0.10
 BUSY_THROUGHPUT = (0.67, 1.5)
-BUSY_TTFT = (0.5, 2.0)
+BUSY_ENGINE_TTFT = (0.67, 1.5)
+BUSY_TTFT = (0.33, 3.0)
 
 
 def test_crosscheck_medians_agree_with_vllm_bench(stack: Stack, tmp_path: Path) -> None:
@@ -112,6 +117,8 @@ def test_crosscheck_medians_agree_with_vllm_bench(stack: Stack, tmp_path: Path) 
         assert code == 3 and result["verdict"].startswith("INCONCLUSIVE"), result["reasons"]
         assert BUSY_THROUGHPUT[0] < throughput["ratio"] < BUSY_THROUGHPUT[1], comparisons
         assert BUSY_TTFT[0] < ttft["ratio"] < BUSY_TTFT[1], comparisons
+        engine = comparisons["engine's mean TTFT (ms)"]
+        assert BUSY_ENGINE_TTFT[0] < engine["ratio"] < BUSY_ENGINE_TTFT[1], comparisons
     else:
         assert abs(throughput["ratio"] - 1) <= QUIET and abs(ttft["ratio"] - 1) <= QUIET
         assert code == 0 and result["verdict"] == "AGREE", comparisons
