@@ -105,8 +105,14 @@ def ray_start_argv(node: RayNode, *, python: str = sys.executable) -> list[str]:
 
 
 def ray_env() -> dict[str, str]:
-    """Variables every Ray process of ours runs with (usage reporting would reach out)."""
-    return {"RAY_USAGE_STATS_ENABLED": "0"}
+    """Variables every Ray process of ours runs with.
+
+    Usage reporting would reach out. Draining on SIGTERM (Ray 2.60 waits up to 30 s for the
+    node's work to move away, for Ray Serve's proxies) has nothing to wait for here: a node
+    of ours is stopped after vLLM has exited, and a worker node whose head is gone waited
+    out the whole timeout (the multi-node test's teardown spent 60 s in two such waits).
+    """
+    return {"RAY_USAGE_STATS_ENABLED": "0", "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}
 
 
 @dataclass
