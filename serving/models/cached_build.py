@@ -13,6 +13,7 @@ record in it.
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import os
 import shutil
@@ -59,6 +60,29 @@ class Progress:
         self._stream.write(("\r\x1b[K" if self._open else "") + text + "\n")
         self._open = False
         self._stream.flush()
+
+
+def inputs_fingerprint(builder_version: str, params: Mapping[str, Any], files: list[Path]) -> str:
+    """The fingerprint of a build's inputs: its builder version, parameters and files."""
+    digest = hashlib.sha256()
+    digest.update(f"builder={builder_version}\n".encode())
+    digest.update(json.dumps(params, sort_keys=True).encode())
+    for path in files:
+        digest.update(f"\n{path.name}\n".encode())
+        digest.update(hashlib.sha256(path.read_bytes()).digest())
+    return digest.hexdigest()
+
+
+def build_record(
+    builder_version: str, name: str, params: Mapping[str, Any], corpus: list[Path]
+) -> dict[str, Any]:
+    """The fields every build of ours records in build-info.json besides its own."""
+    return {
+        "builder_version": builder_version,
+        "corpus_sha256": {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in corpus},
+        "model": name,
+        "params": dict(params),
+    }
 
 
 def read_build_info(model_dir: Path) -> dict[str, Any] | None:

@@ -17,7 +17,6 @@ Usage: `path = ensure_tiny_model()` or, in tests, `ensure_tiny_model(tmp, steps=
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -34,7 +33,9 @@ from serving.errors import ServingError
 from serving.models import tiny_tokenizer as tt
 from serving.models.cached_build import (
     Progress,
+    build_record,
     cached_build,
+    inputs_fingerprint,
     write_json,
 )
 from serving.models.chat_template import ADDED_TOKENS
@@ -85,13 +86,7 @@ class TinyModelParams:
                 raise ServingError(f"{name}={getattr(self, name)}: must be at least 1")
 
     def fingerprint(self, corpus: list[Path]) -> str:
-        digest = hashlib.sha256()
-        digest.update(f"builder={BUILDER_VERSION}\n".encode())
-        digest.update(json.dumps(asdict(self), sort_keys=True).encode())
-        for path in corpus:
-            digest.update(f"\n{path.name}\n".encode())
-            digest.update(hashlib.sha256(path.read_bytes()).digest())
-        return digest.hexdigest()
+        return inputs_fingerprint(BUILDER_VERSION, asdict(self), corpus)
 
 
 def default_model_dir() -> Path:
@@ -119,13 +114,7 @@ def ensure_tiny_model(
 
     def build(partial: Path) -> dict[str, Any]:
         record = _run_build(partial, chosen, report)
-        return {
-            "builder_version": BUILDER_VERSION,
-            "corpus_sha256": {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in corpus},
-            "model": MODEL_NAME,
-            "params": asdict(chosen),
-            **record,
-        }
+        return {**build_record(BUILDER_VERSION, MODEL_NAME, asdict(chosen), corpus), **record}
 
     return cached_build(target, fingerprint, build, name=MODEL_NAME, progress=report, force=force)
 

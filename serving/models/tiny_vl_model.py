@@ -18,7 +18,6 @@ Usage: `path = ensure_tiny_vl_model()`; in tests `ensure_tiny_vl_model(tmp)`.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import signal
@@ -31,7 +30,13 @@ from typing import Any
 import serving
 from serving.errors import ServingError
 from serving.models import tiny_tokenizer as tt
-from serving.models.cached_build import Progress, cached_build, write_json
+from serving.models.cached_build import (
+    Progress,
+    build_record,
+    cached_build,
+    inputs_fingerprint,
+    write_json,
+)
 from serving.paths import models_dir
 
 # Bump when the builder's code changes what it writes; it is part of the fingerprint.
@@ -137,15 +142,10 @@ class TinyVlParams:
         return self.hidden_size // self.num_attention_heads
 
     def fingerprint(self, corpus: list[Path]) -> str:
-        digest = hashlib.sha256()
-        digest.update(f"builder={BUILDER_VERSION}\n".encode())
-        digest.update(json.dumps(asdict(self), sort_keys=True).encode())
         # The builders' code too: the tokenizer and its added tokens are the text model's,
         # changed by its own owners; a rebuild takes seconds.
-        for path in [*sorted(Path(__file__).parent.glob("*.py")), *corpus]:
-            digest.update(f"\n{path.name}\n".encode())
-            digest.update(hashlib.sha256(path.read_bytes()).digest())
-        return digest.hexdigest()
+        builders = sorted(Path(__file__).parent.glob("*.py"))
+        return inputs_fingerprint(BUILDER_VERSION, asdict(self), [*builders, *corpus])
 
 
 def default_model_dir() -> Path:
@@ -168,13 +168,7 @@ def ensure_tiny_vl_model(
 
     def build(partial: Path) -> dict[str, Any]:
         record = _run_build(partial, chosen)
-        return {
-            "builder_version": BUILDER_VERSION,
-            "corpus_sha256": {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in corpus},
-            "model": MODEL_NAME,
-            "params": asdict(chosen),
-            **record,
-        }
+        return {**build_record(BUILDER_VERSION, MODEL_NAME, asdict(chosen), corpus), **record}
 
     target = out or default_model_dir()
     return cached_build(
