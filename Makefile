@@ -105,7 +105,7 @@ loadtest: $(STAMP)
 	  --profile $(PROFILE) $(LOADTEST_ARGS) --out $(LOADTEST_OUT)/run
 
 # Ours vs vLLM's benchmark client: 5 interleaved rounds each of 128 prompts, medians compared
-# (exit 0 agree, 1 differ, 3 inconclusive: a client's own rounds spread wider than 10%).
+# (exit 0 agree, 1 differ, 3 inconclusive: a client's middle rounds spread wider than 10%).
 loadtest-crosscheck: $(STAMP)
 	$(WITH_STACK) $(BIN)/python -m loadtest crosscheck --host http://127.0.0.1:$(ENGINE_PORT) \
 	  --engine-metrics http://127.0.0.1:$(ENGINE_PORT)/metrics --profile $(PROFILE) \

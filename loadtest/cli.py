@@ -2,7 +2,7 @@
 
 Exit codes: 0 all targets met (or the clients agree, or the measurement agrees with the
 memory plan), 1 a target missed (or they disagree), 2 the test could not run (bad input,
-unreachable host, Locust failed), 3 the cross-check is inconclusive (a client's own rounds
+unreachable host, Locust failed), 3 the cross-check is inconclusive (a client's middle rounds
 spread wider than the tolerance: the machine is too noisy to tell).
 
 Usage:
@@ -112,7 +112,11 @@ def build_parser() -> argparse.ArgumentParser:
     cross.add_argument("--concurrency", type=int, default=4)
     cross.add_argument("--num-prompts", type=int, default=128, help="prompts per round")
     cross.add_argument(
-        "--rounds", type=int, default=3, help="rounds per client, interleaved (at least 3)"
+        "--rounds",
+        type=int,
+        default=5,
+        help="rounds per client, interleaved (at least 3; from 4, each side's lowest and "
+        "highest round are left out of its spread)",
     )
     cross.add_argument(
         "--tolerance", type=float, default=TOLERANCE, help="allowed gap of the medians (0.10: 10%%)"

@@ -52,6 +52,11 @@ ENGINE_COUNTERS = {
     PREFIX_HITS,
     *(f"{series}_{part}" for series in (ENGINE_TTFT, ENGINE_E2E) for part in ("sum", "count")),
 }
+# vLLM's client (request rate inf) sends its first `concurrency` requests at once; our users
+# start 10 ms apart so both clients offer the engine the same arrival pattern. The load
+# test's default spreads them over a second, and with fixed prompt and output lengths users
+# started apart stay apart. (Above 100 users/s Locust warns that ramps that fast misbehave.)
+ALL_AT_ONCE = 100.0
 # Our client's CPU is sampled this often (the runner's CpuMonitor); vLLM's worker the same.
 CPU_INTERVAL_S = 0.25
 
@@ -155,6 +160,7 @@ def our_round(
             prompts_path=prompts,
             out=out,
             users=concurrency,
+            spawn_rate=ALL_AT_ONCE,
             duration_s=3600,
             processes=1,
             api_key=api_key,

@@ -1,6 +1,10 @@
 """The cross-check's verdict: medians of interleaved rounds, each side's spread, and why.
 
-Per client and metric the rounds give a median and a spread (max - min over the median).
+Per client and metric the rounds give a median and a spread: the range of the rounds that
+decide the median over the median. With four rounds or more, those are the rounds left after
+dropping the lowest and the highest: one round that the machine moved (a neighbour's burst
+lands in one round of five) moves the full range but cannot move the median past the middle
+rounds' range. With three, every round counts. The full min..max is shown beside it.
 Output throughput and mean TTFT are judged on the medians: the clients agree when our median
 is within the tolerance of vLLM's. A side whose own rounds spread wider than the tolerance
 marks the metric noisy: the machine then moved one client's numbers more than the
@@ -55,15 +59,20 @@ class Spread:
     median: float
     low: float
     high: float
+    # The range of the rounds that decide the median (see the module docstring).
+    mid_low: float
+    mid_high: float
 
     @classmethod
     def of(cls, values: list[float]) -> Spread:
-        return cls(statistics.median(values), min(values), max(values))
+        ordered = sorted(values)
+        middle = ordered[1:-1] if len(ordered) >= 4 else ordered
+        return cls(statistics.median(values), ordered[0], ordered[-1], middle[0], middle[-1])
 
     @property
     def relative(self) -> float:
-        """(max - min) / median: how far apart this side's own rounds were."""
-        return (self.high - self.low) / self.median if self.median else 0.0
+        """The middle rounds' range over the median: how far this side moved on its own."""
+        return (self.mid_high - self.mid_low) / self.median if self.median else 0.0
 
 
 @dataclass(frozen=True)
@@ -119,7 +128,7 @@ class Verdict:
         lines = [
             f"{per_client['ours']} rounds of ours, {per_client['vllm']} of vllm bench, "
             f"interleaved: {order}",
-            f"{'metric':<22}{'ours: median (min..max, spread)':>38}"
+            f"{'metric':<24}{'ours: median (min..max, spread)':>36}"
             f"{'vllm bench: median (min..max, spread)':>42}{'ratio':>8}  result",
         ]
         for c in self.comparisons:
@@ -130,9 +139,13 @@ class Verdict:
             else:
                 result = "shown"
             lines.append(
-                f"{c.metric:<22}{_spread(c.ours):>38}{_spread(c.vllm):>42}{c.ratio:>8.3f}  {result}"
+                f"{c.metric:<24}{_spread(c.ours):>36}{_spread(c.vllm):>42}{c.ratio:>8.3f}  {result}"
             )
         lines.append(f"verdict: {self.label} (medians, tolerance {self.tolerance:.0%})")
+        if any(len(_values(self.rounds, c, "mean_ttft_ms")) >= 4 for c in CLIENTS):
+            lines.append(
+                "spread: the middle rounds' range over the median (lowest, highest left out)"
+            )
         lines += [f"why: {reason}" for reason in self.reasons]
         lines += [f"note: {note}" for note in self.notes]
         return "\n".join(lines)

@@ -42,6 +42,9 @@ class LocustRun:
     prompts_path: Path
     out: Path
     users: int = 1
+    # Users started per second; None: all of them within one second, spread evenly. The
+    # cross-check starts them all at once, as vLLM's client starts its first N requests.
+    spawn_rate: float | None = None
     duration_s: float = 10.0
     step_ramp: StepRamp | None = None
     processes: int = 1
@@ -93,7 +96,7 @@ def locust_command(run: LocustRun) -> list[str]:
         "--users",
         str(run.users),
         "--spawn-rate",
-        str(max(run.users, 1)),
+        str(run.spawn_rate or max(run.users, 1)),
         "--run-time",
         f"{max(1, round(duration))}s",
         "--stop-timeout",

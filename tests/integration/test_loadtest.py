@@ -82,12 +82,15 @@ def test_locust_run_through_the_gateway_matches_the_engine_counters(
 
 
 # What the medians of our harness and vLLM's benchmark client are held to. On quiet rounds (no
-# client's own rounds spread wider than 10%) the claim itself: within 10%. On the 2-core
-# machine the engine's two processes keep both cores busy, and every round spread 20-140% on
-# one side or the other (README, cross-check section), so only what no run measured there
-# moved: the throughput ratio (0.79-0.96 in every run) and the engine's own mean TTFT
-# under each client (0.93-1.11: both clients put the same load on the engine), with a margin.
-# The clients' own mean TTFT ratio ranged 0.51-1.53: time spent waiting for a core outside
+# client's middle rounds spread wider than 10%) the claim itself: within 10%. Five rounds of
+# 64 prompts a client (about 15 s a round on the AVX2 2-core machine, 3 minutes in all): with
+# five, one round moved by the machine is left out of the spread and cannot move the median
+# (README, cross-check section); there, every run was quiet and agreed within 6%. On a 2-core
+# machine whose engine ran 2.5x faster, its API server and the clients competed for the cores
+# and every run was INCONCLUSIVE (middle rounds spread 24-56%), so there only what no run
+# moved is held: the throughput ratio (0.79-0.96) and the engine's own mean TTFT under each
+# client (0.93-1.11: both clients put the same load on the engine), with a margin. The
+# clients' own mean TTFT ratio ranged 0.51-1.53 there: time spent waiting for a core outside
 # the engine, not a property of either harness; it is held only to the same order (a unit or
 # a clock mistake would be 1000x).
 QUIET = 0.10
@@ -102,12 +105,12 @@ def test_crosscheck_medians_agree_with_vllm_bench(stack: Stack, tmp_path: Path) 
     out = tmp_path / "crosscheck"
     code = main([
         "crosscheck", "--host", stack.engine_url, "--engine-metrics", f"{stack.engine_url}/metrics",
-        "--tokenizer", str(tokenizer), "--concurrency", "4", "--num-prompts", "128",
-        "--rounds", "3", "--out", str(out),
+        "--tokenizer", str(tokenizer), "--concurrency", "4", "--num-prompts", "64",
+        "--rounds", "5", "--out", str(out),
     ])  # fmt: skip
     result = json.loads((out / "crosscheck.json").read_text())
     rounds = result["round_results"]
-    assert len(rounds) == 6 and all(r["completed"] == 128 and r["failed"] == 0 for r in rounds)
+    assert len(rounds) == 10 and all(r["completed"] == 64 and r["failed"] == 0 for r in rounds)
     # Distinct prompts a round, 64 tokens into 128-token blocks: the engine cached nothing.
     assert all(r["prefix_cache_hits"] == 0 for r in rounds), rounds
     assert all(r["cpu_ms_per_request"] and r["engine_ttft_ms"] for r in rounds), rounds

@@ -40,7 +40,27 @@ def test_rounds_alternate_who_goes_first() -> None:
 def test_spread_is_the_range_over_the_median() -> None:
     spread = Spread.of([90.0, 100.0, 110.0])
     assert (spread.median, spread.low, spread.high) == (100.0, 90.0, 110.0)
-    assert abs(spread.relative - 0.2) < 1e-9
+    assert abs(spread.relative - 0.2) < 1e-9  # three rounds: every one counts
+
+
+def test_from_four_rounds_the_spread_leaves_out_the_extremes() -> None:
+    spread = Spread.of([100.0, 60.0, 99.0, 101.0, 150.0])
+    assert (spread.median, spread.low, spread.high) == (100.0, 60.0, 150.0)
+    assert (spread.mid_low, spread.mid_high) == (99.0, 101.0)
+    assert abs(spread.relative - 0.02) < 1e-9
+    assert (Spread.of([98.0, 150.0, 102.0, 10.0]).mid_low, Spread.of([98.0, 102.0]).mid_low) == (
+        98.0,
+        98.0,
+    )
+
+
+def test_one_round_in_five_moved_by_the_machine_cannot_make_it_inconclusive_two_can() -> None:
+    quiet: list[tuple[float, float]] = [(600, 100), (596, 103), (610, 104), (604, 101)]
+    vllm: list[tuple[float, float]] = [(590, 98), (605, 101), (595, 103), (600, 100), (602, 99)]
+    one = judge(rounds([*quiet, (300, 400)], vllm))
+    assert one.label == "AGREE" and "lowest, highest left out" in one.table()
+    two = judge(rounds([*quiet[:3], (300, 400), (310, 390)], vllm))
+    assert two.noisy and two.label.startswith("INCONCLUSIVE")
 
 
 def test_quiet_rounds_with_close_medians_agree() -> None:
