@@ -96,8 +96,14 @@ def test_crosscheck_runs_interleaved_rounds_against_vllm_bench(
     ]
     throughput, ttft = comparisons["output tokens/s"], comparisons["mean TTFT (ms)"]
     if not result["noisy"]:
-        # Quiet rounds: the clients measure the fake the same, within the 10%.
-        assert result["agree"] and result["verdict"] == "AGREE", comparisons
+        # Quiet rounds: the same throughput within 10%. TTFT: both at least the fake's 30 ms and
+        # within 10 ms of each other. Against a 30 ms first token, each client's own time before
+        # its request leaves is more than 10% (measured on the 2-core machine: ours +4.5 ms,
+        # vLLM's +9 ms), so the verdict may be DIFFER here; the real engine's first token takes
+        # ten times longer, and there the 10% is held (tests/integration/test_loadtest.py).
+        assert abs(throughput["ratio"] - 1) <= 0.10, comparisons
+        medians = (ttft["ours"]["median"], ttft["vllm"]["median"])
+        assert min(medians) >= 30 and abs(medians[0] - medians[1]) < 10, comparisons
     # Rounds the busy machine upset: only what no stall can move this far.
     assert 0.67 < throughput["ratio"] < 1.5 and 0.5 < ttft["ratio"] < 2.0, comparisons
     assert code == (3 if result["noisy"] else 0 if result["agree"] else 1)
