@@ -237,8 +237,10 @@ async function sendMessage() {
   state.controller = null;
   setBusy(false);
 
-  if (outcome.error || !outcome.text) {
-    // Not answered: out of the history, the text back in the box to edit or send again.
+  if (outcome.error || (outcome.stopped && !outcome.text)) {
+    // Not answered (an error, or stopped before any text): out of the history, the text back
+    // in the box to edit or send again. An answer the model ended at once (EOS as its first
+    // token: the tiny model does that) is an answer, empty, not a stop.
     answer.dataset.state = outcome.error ? "error" : "stopped";
     if (outcome.error) {
       answer.querySelector(".content").textContent =
