@@ -34,6 +34,8 @@ METRICS = {
     "engine's mean TTFT (ms)": "engine_ttft_ms",
 }
 JUDGED = ("output tokens/s", "mean TTFT (ms)")
+# From this many rounds a side, its lowest and highest are left out of its spread.
+MIDDLE_FROM = 4
 
 
 @dataclass(frozen=True)
@@ -66,7 +68,7 @@ class Spread:
     @classmethod
     def of(cls, values: list[float]) -> Spread:
         ordered = sorted(values)
-        middle = ordered[1:-1] if len(ordered) >= 4 else ordered
+        middle = ordered[1:-1] if len(ordered) >= MIDDLE_FROM else ordered
         return cls(statistics.median(values), ordered[0], ordered[-1], middle[0], middle[-1])
 
     @property
@@ -142,7 +144,7 @@ class Verdict:
                 f"{c.metric:<24}{_spread(c.ours):>36}{_spread(c.vllm):>42}{c.ratio:>8.3f}  {result}"
             )
         lines.append(f"verdict: {self.label} (medians, tolerance {self.tolerance:.0%})")
-        if any(len(_values(self.rounds, c, "mean_ttft_ms")) >= 4 for c in CLIENTS):
+        if any(len(_values(self.rounds, c, "mean_ttft_ms")) >= MIDDLE_FROM for c in CLIENTS):
             lines.append(
                 "spread: the middle rounds' range over the median (lowest, highest left out)"
             )
