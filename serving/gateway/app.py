@@ -32,26 +32,25 @@ budget journal and closes the stores at shutdown.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from urllib.parse import quote
 
 from serving.gateway.auth import (
     Authenticator,
     Caller,
     KeyStoreAuthenticator,
     StaticKeyAuthenticator,
-    is_restricted,
 )
 from serving.gateway.catalog import ModelCatalog
 from serving.gateway.completions import Completions
 from serving.gateway.errors import (
     BodyTooLargeError,
-    EndpointNotAllowedError,
     GatewayError,
+    InternalError,
     RateLimitError,
     RouteNotFoundError,
     quota_unavailable_error,
@@ -64,8 +63,8 @@ from serving.gateway.images import ImagePolicy
 from serving.gateway.keys import FileKeyStore, KeyStore, SqliteKeyStore
 from serving.gateway.keys.redis_refresh import RedisKeyRefresh
 from serving.gateway.keys.redis_store import KeyStoreUnavailable
-from serving.gateway.metrics import CONTENT_TYPE, GatewayMetrics, RequestRecord
-from serving.gateway.openai_request import completion_route
+from serving.gateway.metrics import CONTENT_TYPE, NONE, GatewayMetrics, RequestRecord
+from serving.gateway.openai_request import check_tokenize_body
 from serving.gateway.periodic import Periodic
 from serving.gateway.playground import Playground
 from serving.gateway.proxy import Proxy, ProxyRequest
@@ -81,6 +80,14 @@ from serving.gateway.quota import (
 from serving.gateway.quota.failure_policy import FailurePolicy, GuardedQuotaStore
 from serving.gateway.quota.redis_store import RedisQuotaStore
 from serving.gateway.responses import send_bytes, send_error, send_json
+from serving.gateway.route_table import (
+    HEALTH_PATH,
+    ROUTES,
+    TOKENIZE_PATH,
+    Route,
+    RouteTable,
+    wrong_method,
+)
 from serving.gateway.routing import Engine, Router
 from serving.gateway.settings import GatewaySettings
 from serving.gateway.types import RawHeaders, Receive, Scope, Send
@@ -100,10 +107,12 @@ def create_app(
     *,
     authenticator: Authenticator | None = None,
     clock: Clock | None = None,
+    routes: RouteTable = ROUTES,
 ) -> GatewayApp:
     """A new gateway app. `authenticator` defaults to the settings' key stores and
-    development keys; `clock` (tests) drives the quota windows."""
-    return GatewayApp(settings, authenticator=authenticator, clock=clock)
+    development keys; `clock` (tests) drives the quota windows; `routes` (tests) adds paths
+    to the route table."""
+    return GatewayApp(settings, authenticator=authenticator, clock=clock, routes=routes)
 
 
 class GatewayApp:
@@ -116,9 +125,12 @@ class GatewayApp:
         *,
         authenticator: Authenticator | None = None,
         clock: Clock | None = None,
+        routes: RouteTable = ROUTES,
     ) -> None:
         self.settings = settings
+        self.routes = routes
         self.draining = False
+        self._opt_in = frozenset(settings.serve_routes)
         self._closers: list[Callable[[], None]] = []
         self._async_closers: list[Callable[[], Awaitable[None]]] = []
         self.router = Router(
@@ -129,6 +141,7 @@ class GatewayApp:
             policy=settings.routing,
             overload=settings.routing_overload,
         )
+        self.keys_file: FileKeyStore | None = None
         self.authenticator = authenticator or self._build_authenticator()
         journal = None
         self.shared_quota: GuardedQuotaStore | None = None
@@ -159,6 +172,7 @@ class GatewayApp:
             budget_flush_failures=journal.failures if journal is not None else lambda: 0,
             quota_store_up=(lambda: shared_quota.up) if shared_quota else lambda: True,
             quota_store_errors=(lambda: shared_quota.errors) if shared_quota else lambda: 0,
+            keys_file_up=self._keys_file_up,
             engines=self.router.engines,
         )
         self.catalog = ModelCatalog()
@@ -180,7 +194,8 @@ class GatewayApp:
         if settings.keys_db:
             stores.append(SqliteKeyStore(Path(settings.keys_db)))
         if settings.keys_file:
-            stores.append(FileKeyStore(Path(settings.keys_file)))
+            self.keys_file = FileKeyStore(Path(settings.keys_file))
+            stores.append(self.keys_file)
         if settings.redis_url:
             # The replicas' shared keys (`serving keys --redis-url`): a snapshot in memory,
             # loaded at startup and refreshed every second by the lifespan.
@@ -190,6 +205,13 @@ class GatewayApp:
         authenticator = KeyStoreAuthenticator(stores, dev=dev)
         self._closers.append(authenticator.close)
         return authenticator
+
+    def _keys_file_up(self) -> bool:
+        keys_file = self.keys_file
+        if keys_file is None:
+            return True
+        keys_file.reload_if_changed()  # a scrape sees a broken edit even with no traffic
+        return keys_file.broken is None
 
     async def _upkeep_leases(self) -> None:
         if self.shared_quota is not None:
@@ -262,15 +284,7 @@ class GatewayApp:
                 content_length = value
         rid = request_id(client_request_id)
         path: str = scope["path"]
-        if path.startswith(API_PREFIX):
-            record = RequestRecord(started)
-            self.metrics.in_flight += 1
-            try:
-                await self._api(scope, receive, send, rid, authorization, content_length, record)
-            finally:
-                self.metrics.in_flight -= 1
-                self.metrics.observe(record, time.perf_counter())
-        elif path == "/metrics":
+        if path == "/metrics":
             body = self.metrics.render()
             await send_bytes(send, 200, body, request_id=rid, content_type=CONTENT_TYPE)
         elif path == "/healthz":
@@ -279,9 +293,17 @@ class GatewayApp:
             await self._readyz(send, rid)
         elif self.playground.handles(path):
             await self.playground.serve(scope, send, request_id=rid)
+        elif path in (HEALTH_PATH, HEALTH_PATH + "/"):
+            await self._health(scope, send, rid)
         else:
-            error = RouteNotFoundError(f"Invalid URL ({scope['method']} {path})")
-            await send_error(send, error, request_id=rid)
+            record = RequestRecord(started)
+            self.metrics.in_flight += 1
+            try:
+                await self._api(scope, receive, send, rid, authorization, content_length, record)
+            finally:
+                self.metrics.in_flight -= 1
+                if path.startswith(API_PREFIX) or record.key != NONE:
+                    self.metrics.observe(record, time.perf_counter())
 
     async def _api(
         self,
@@ -293,28 +315,29 @@ class GatewayApp:
         content_length: bytes | None,
         record: RequestRecord,
     ) -> None:
+        """Every path but the gateway's own: the route table decides (refusals before the
+        key is even checked), and this is the one place where an exception becomes the
+        client's answer."""
         path: str = scope["path"]
         method: str = scope["method"]
         caller: Caller | None = None
         try:
             if not _is_plain_path(path):
                 raise RouteNotFoundError(f"Invalid URL ({method} {path})")
+            route = self.routes.lookup(method, path, opt_in=self._opt_in)
             caller = self.authenticator.authenticate(authorization)
             record.key = caller.key_id
             body = await read_body(receive, self.settings.max_body_bytes, content_length)
-            route = completion_route(path) if method == "POST" else None
-            if route is not None:
-                # vLLM's own spelling: it answers a variant with a redirect to itself
-                target = route.path.encode()
-            else:
-                target = scope.get("raw_path") or quote(path).encode()
+            # vLLM's own spelling: it answers a variant with a redirect to itself
+            target = route.path.encode()
             if scope["query_string"]:
                 target += b"?" + scope["query_string"]
             request = ProxyRequest(method, target, scope["headers"], body, rid)
-            if route is not None:
-                await self.completions.handle(route.kind, caller, request, receive, send, record)
+            kind = route.metered
+            if kind is not None:
+                await self.completions.handle(kind, caller, request, receive, send, record)
             else:
-                await self._forward(caller, request, receive, send, record)
+                await self._forward_free(route, caller, request, receive, send, record)
         except QuotaStoreUnavailable:  # the policy is to fail closed
             error = quota_unavailable_error(self.settings.retry_after_s)
             record.status = error.http_status
@@ -328,27 +351,43 @@ class GatewayApp:
             await send_error(send, error, request_id=rid, headers=headers)
         except ClientDisconnected:  # or was cut off by the body deadline (a 408)
             logger.info("request %s: client disconnected while sending its body", rid.decode())
+        except Exception:
+            # A bug, never the client's fault: logged with its traceback, answered in OpenAI's
+            # shape (unless the response had started: then the connection is cut).
+            logger.exception("request %s failed", rid.decode())
+            record.status = 500
+            internal = InternalError("The server had an error while processing your request.")
+            with contextlib.suppress(Exception):
+                await send_error(send, internal, request_id=rid)
 
-    async def _forward(
+    async def _forward_free(
         self,
+        route: Route,
         caller: Caller,
         request: ProxyRequest,
         receive: Receive,
         send: Send,
         record: RequestRecord,
     ) -> None:
-        """An unmetered /v1 request: passed through with the key's rate-limit headers."""
-        if is_restricted(caller):
-            if request.method != "GET" or not request.target.startswith(b"/v1/models"):
-                raise EndpointNotAllowedError(
-                    "This API key may only use /v1/chat/completions, /v1/completions and "
-                    "/v1/models."
-                )
-            headers = rate_limit_raw_headers(await self.quota.status(caller, ""))
-            request = dataclasses.replace(request, response_headers=headers)
+        """An unmetered route (the model list; tokenize when served): passed through with the
+        key's rate-limit headers. A tokenize body is checked as a chat or completion body is
+        (fields, media), since vLLM renders it the same way."""
+        if route.path == TOKENIZE_PATH:
+            check_tokenize_body(request.body, self.completions.images)
+        headers = rate_limit_raw_headers(await self.quota.status(caller, ""))
+        request = dataclasses.replace(request, response_headers=headers)
         outcome = await self.proxy.forward(request, receive, send)
         record.note_exchange(outcome)
         record.upstream_error = upstream_error_kind(outcome.error, outcome.upstream_status, None)
+
+    async def _health(self, scope: Scope, send: Send, rid: bytes) -> None:
+        """vLLM's `/health` as its probes expect it (200 with an empty body, 503 when no
+        engine is healthy), answered from the health monitor's last probe like /readyz."""
+        if scope["method"] not in ("GET", "HEAD"):
+            await send_error(send, wrong_method(scope["method"], scope["path"]), request_id=rid)
+            return
+        status = 200 if self.health.unready_reason is None else 503
+        await send_bytes(send, status, b"", request_id=rid, content_type=b"application/json")
 
     async def _load_keys(self) -> None:
         assert self.key_refresh is not None
@@ -360,6 +399,9 @@ class GatewayApp:
     async def _readyz(self, send: Send, rid: bytes) -> None:
         shared = self.shared_quota
         reason = "draining" if self.draining else self.health.unready_reason
+        self._keys_file_up()  # re-read a keys file that changed since the last request
+        if reason is None and isinstance(self.authenticator, KeyStoreAuthenticator):
+            reason = self.authenticator.unready_reason
         if reason is None and self.key_refresh is not None and not self.key_refresh.loaded:
             reason = "API keys not loaded from Redis yet"
         if reason is None and shared is not None:

@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from serving.gateway.errors import AuthenticationError
-from serving.gateway.keys.credentials import hash_secret, key_id_of
-from serving.gateway.keys.store import KeyStore
+from serving.gateway.keys.credentials import hash_secret
+from serving.gateway.keys.store import KeyStore, authenticate_across
 from serving.gateway.quota.limits import Limits, QuotaSubject
 
 _SCHEME = b"bearer"
@@ -116,15 +116,26 @@ class KeyStoreAuthenticator:
         token = parse_bearer(authorization)
         if token is not None and token.isascii():
             secret = token.decode("ascii")
-            if key_id_of(secret) is not None:
-                for store in self._stores:
-                    record = store.authenticate(secret)
-                    if record is not None:
-                        return record
+            if len(self._stores) == 1:
+                record = self._stores[0].authenticate(secret)
+            else:
+                record = authenticate_across(self._stores, secret)
+            if record is not None:
+                return record
         found = self._dev.find(token) if self._dev is not None else None
         if found is None:
             raise AuthenticationError()
         return found
+
+    @property
+    def unready_reason(self) -> str | None:
+        """Why no key can be accepted: every store is a keys file that does not load, and
+        there is no development key. One broken Secret never takes a replica out of its
+        Service while another store still works."""
+        broken = [getattr(store, "broken", None) for store in self._stores]
+        if self._dev is not None or not broken or not all(broken):
+            return None
+        return "no key store loads: " + "; ".join(reason for reason in broken if reason)
 
     def close(self) -> None:
         for store in self._stores:

@@ -1,4 +1,5 @@
-"""The request logic of `/v1/chat/completions` and `/v1/completions`, top to bottom.
+"""The request logic of the metered routes (chat completions, completions, Responses), top
+to bottom.
 
     await completions.handle("chat", caller, request, receive, send, record)
 
@@ -14,8 +15,11 @@ One handler reads like the request's life (DESIGN.md section 4):
 
         usage reported                     settle with vLLM's numbers
         client went away                   abort: prompt estimate + the completion seen so far
-                                           (streams: one token per event; otherwise unknown,
-                                           so the reservation)
+                                           (streams: one token per event, all choices
+                                           together; otherwise unknown, so max_tokens for
+                                           every choice)
+        upstream idle timeout (504) after  abort, as for a client that went away: the engine
+        the request was sent               worked until the gateway gave up on it
         upstream error response / failure  fail: no tokens (nothing was produced)
         before any byte
         stream cut, or an in-band error    abort, as for a client that went away
@@ -32,6 +36,7 @@ from serving.gateway.catalog import ModelCatalog
 from serving.gateway.errors import (
     InvalidRequestError,
     ModelNotFoundError,
+    UpstreamTimeoutError,
     refusal_error,
     upstream_error_kind,
 )
@@ -62,7 +67,7 @@ class Completions:
         self._engine = engine
         self._proxy = proxy
         self._catalog = catalog
-        self._images = images or ImagePolicy.defaults()
+        self.images = images or ImagePolicy.defaults()
         self._running: set[Lease] = set()
 
     async def handle(
@@ -75,7 +80,7 @@ class Completions:
         record: RequestRecord,
     ) -> None:
         # parse
-        parsed = parse_completion_request(kind, request.body, images=self._images)
+        parsed = parse_completion_request(kind, request.body, images=self.images)
         record.model = self._catalog.label(parsed.model)
         if not caller.allows_model(parsed.model):
             raise ModelNotFoundError(parsed.model)
@@ -95,7 +100,8 @@ class Completions:
         lease = decision.lease
 
         # forward (to the engine the router picks: with affinity, by the prompt's prefixes)
-        meter = ResponseMeter(strip_usage=parsed.stream and not parsed.client_wants_usage)
+        strip = parsed.stream and not parsed.client_wants_usage and parsed.kind != "responses"
+        meter = ResponseMeter(strip_usage=strip)
         prefixes: list[int] = []
         if self._proxy.router.wants_prefixes:
             text = prompt_text(parsed.kind, parsed.data)
@@ -118,7 +124,7 @@ class Completions:
             self._running.discard(lease)
             # settle
             await self._settle(lease, decision, parsed, meter, outcome)
-            _record_outcome(record, lease, meter, outcome)
+            _record_outcome(record, lease, parsed.prompt_estimate, meter, outcome)
         if outcome is not None and 200 <= (outcome.upstream_status or 0) < 300:
             self._catalog.learn(parsed.model)
 
@@ -137,26 +143,38 @@ class Completions:
         outcome: ProxyOutcome | None,
     ) -> None:
         engine = self._engine
-        seen: int | None = None
+        # An aborted request is charged its prompt (the estimate: vLLM's count never came)
+        # and what was generated: in a stream, one token per event; otherwise every choice's
+        # whole max_tokens, all of which the engine may have produced.
+        prompt = parsed.prompt_estimate
+        seen = admission.max_tokens * parsed.choices
         if parsed.stream:
-            seen = min(meter.events, admission.max_tokens * parsed.choices)
+            seen = min(meter.events, seen)
         usage = meter.usage
         if outcome is None:  # cancelled (shutdown) or a bug: nothing is known
-            await engine.abort(lease, None, seen)
+            await engine.abort(lease, prompt, seen)
         elif usage is not None:
             await engine.settle(lease, usage.prompt_tokens, usage.completion_tokens)
         elif outcome.client_disconnected:
-            await engine.abort(lease, None, seen)
+            await engine.abort(lease, prompt, seen)
+        elif isinstance(outcome.error, UpstreamTimeoutError) and outcome.forwarded_at:
+            # The engine had the request and may have worked on it until the gateway gave
+            # up waiting: what it could have produced is charged, as for an abort.
+            await engine.abort(lease, prompt, seen)
         elif outcome.upstream_status is None or outcome.upstream_status >= 400:
             await engine.fail(lease)
         elif outcome.error is not None or meter.inband_error:
-            await engine.abort(lease, None, seen)
+            await engine.abort(lease, prompt, seen)
         else:
             await engine.settle(lease, None, None)
 
 
 def _record_outcome(
-    record: RequestRecord, lease: Lease, meter: ResponseMeter, outcome: ProxyOutcome | None
+    record: RequestRecord,
+    lease: Lease,
+    prompt_estimate: int,
+    meter: ResponseMeter,
+    outcome: ProxyOutcome | None,
 ) -> None:
     """What the metrics need to know of a settled request."""
     if outcome is not None:
@@ -172,7 +190,7 @@ def _record_outcome(
     if usage is not None:
         record.prompt_tokens = min(usage.prompt_tokens, charged)
     elif charged:
-        record.prompt_tokens = min(lease.prompt_estimate, charged)
+        record.prompt_tokens = min(prompt_estimate, charged)
     record.completion_tokens = charged - record.prompt_tokens
 
 
@@ -181,9 +199,7 @@ def _check_window(parsed: CompletionRequest, max_tokens: int, window: int | None
     served: 400 before any quota. (An implied max_tokens is fitted to the window.)"""
     if window is None or parsed.requested_max_tokens is None or max_tokens <= window:
         return
-    param = "max_tokens"
-    if parsed.kind == "chat" and parsed.data.get("max_completion_tokens") is not None:
-        param = "max_completion_tokens"
+    param = parsed.max_tokens_field
     raise InvalidRequestError(
         f"{param} is too large: {parsed.requested_max_tokens}. This model's maximum context "
         f"length is {window} tokens.",

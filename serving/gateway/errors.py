@@ -14,6 +14,8 @@ Every failure the gateway reports is one of these (DESIGN.md section 5):
     │                                     insufficient_quota / insufficient_quota; Retry-After
     ├── QuotaUnavailableError         503 server_error / quota_store_unavailable + Retry-After
     │                                     (the shared quota store cannot answer; policy closed)
+    ├── InternalError                 500 server_error / internal_error (a gateway bug: the
+    │                                     app's error boundary, never a bare 500)
     ├── UpstreamRejectedError         the upstream's 4xx, re-shaped (invalid_request_error)
     └── UpstreamError                 502 server_error / upstream_error (error or reset)
         ├── UpstreamUnavailableError  503 server_error / upstream_unavailable + Retry-After
@@ -189,6 +191,14 @@ class QuotaUnavailableError(GatewayError):
     status = 503
     type = "server_error"
     code = "quota_store_unavailable"
+
+
+class InternalError(GatewayError):
+    """A failure of the gateway itself (a bug): the one answer of the app's error boundary."""
+
+    status = 500
+    type = "server_error"
+    code = "internal_error"
 
 
 class UpstreamRejectedError(GatewayError):

@@ -1,9 +1,9 @@
 """Which headers cross the gateway, and the request id every response carries.
 
-Hop-by-hop headers (RFC 9110 section 7.6.1) describe one connection, so they are dropped in
-both directions, together with any header the `Connection` header names. Towards the upstream
-the gateway also drops the caller's credentials and the headers the hop client sets itself;
-towards the client it drops the framing headers the ASGI server sets itself.
+Towards the upstream only the headers the route table lists pass (`UPSTREAM_HEADERS`); the
+hop client sets host and content-length itself. Towards the client, hop-by-hop headers
+(RFC 9110 section 7.6.1), which describe one connection, are dropped together with any header
+the `Connection` header names, and so are the framing headers the ASGI server sets itself.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import random
 import re
 from collections.abc import Iterable
 
+from serving.gateway.route_table import UPSTREAM_HEADERS
 from serving.gateway.types import RawHeaders
 
 HOP_BY_HOP: frozenset[bytes] = frozenset(
@@ -29,17 +30,6 @@ HOP_BY_HOP: frozenset[bytes] = frozenset(
 )
 
 REQUEST_ID = b"x-request-id"
-
-# Set by the hop client (host, content-length), by the gateway (x-request-id), or not
-# forwarded on purpose (authorization: the upstream never sees a client's key; expect:
-# the ASGI server answers 100-continue itself).
-_NOT_FORWARDED: frozenset[bytes] = HOP_BY_HOP | {
-    b"host",
-    b"authorization",
-    b"content-length",
-    b"expect",
-    REQUEST_ID,
-}
 
 # Set again by the ASGI server (framing, date, server) or by the gateway (x-request-id).
 _NOT_RETURNED: frozenset[bytes] = HOP_BY_HOP | {
@@ -62,33 +52,13 @@ def request_id(client_value: bytes | None) -> bytes:
     return b"%032x" % _ids.getrandbits(128)
 
 
-def _connection_tokens(headers: Iterable[tuple[bytes, bytes]]) -> frozenset[bytes]:
-    tokens: set[bytes] = set()
-    for name, value in headers:
-        if name.lower() == b"connection":
-            tokens.update(token.strip().lower() for token in value.split(b","))
-    return frozenset(tokens)
-
-
 def upstream_request_headers(headers: RawHeaders, request_id: bytes) -> bytes:
     """The client's request headers as the hop client sends them to the upstream: the
-    `name: value\r\n` lines of what is forwarded, then the request id."""
-    forwarded: list[bytes] = []
-    for name, value in headers:
-        lower = name.lower()
-        if lower in _NOT_FORWARDED:
-            if lower == b"connection":  # it names more headers to drop (rare)
-                return _upstream_request_headers_listed(headers, request_id)
-            continue
-        forwarded.append(b"%s: %s\r\n" % (name, value))
-    forwarded.append(b"x-request-id: %s\r\n" % request_id)
-    return b"".join(forwarded)
-
-
-def _upstream_request_headers_listed(headers: RawHeaders, request_id: bytes) -> bytes:
-    drop = _NOT_FORWARDED | _connection_tokens(headers)
+    `name: value\r\n` lines of those the route table lets through (`UPSTREAM_HEADERS`:
+    never credentials, hop-by-hop headers or vLLM's own control headers), then the request
+    id."""
     forwarded = [
-        b"%s: %s\r\n" % (name, value) for name, value in headers if name.lower() not in drop
+        b"%s: %s\r\n" % (name, value) for name, value in headers if name.lower() in UPSTREAM_HEADERS
     ]
     forwarded.append(b"x-request-id: %s\r\n" % request_id)
     return b"".join(forwarded)

@@ -33,6 +33,9 @@ never a secret or an address):
     gateway_quota_store_errors_total               calls to the shared quota store that failed
                                                    or ran out of time (its failure policy
                                                    answered them)
+    gateway_keys_file_up                           1 while the keys file (--keys-file) loads;
+                                                   0 after a change that does not parse (its
+                                                   keys are refused until it does); 1 without
 
 Values are plain Python numbers updated on the event loop (where scrapes are answered too),
 turned into Prometheus families only when scraped: a request costs a few dict updates, not
@@ -128,6 +131,7 @@ class GatewayMetrics:
         budget_flush_failures: Callable[[], int] = lambda: 0,
         quota_store_up: Callable[[], bool] = lambda: True,
         quota_store_errors: Callable[[], int] = lambda: 0,
+        keys_file_up: Callable[[], bool] = lambda: True,
         engines: Sequence[EngineState] = (),
     ) -> None:
         self.requests: dict[tuple[str, str, str], int] = {}
@@ -143,6 +147,7 @@ class GatewayMetrics:
         self._budget_flush_failures = budget_flush_failures
         self._quota_store_up = quota_store_up
         self._quota_store_errors = quota_store_errors
+        self._keys_file_up = keys_file_up
         self._engines = engines
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
@@ -241,6 +246,11 @@ class GatewayMetrics:
             "gateway_quota_store_errors",
             "Calls to the shared quota store that failed or ran out of time.",
             value=self._quota_store_errors(),
+        )
+        yield GaugeMetricFamily(
+            "gateway_keys_file_up",
+            "1 while the keys file loads (its keys are refused while it does not).",
+            value=1.0 if self._keys_file_up() else 0.0,
         )
 
     def _engine_families(self) -> Iterator[Metric]:

@@ -1,66 +1,62 @@
-"""The JSON body of a metered request (`/v1/chat/completions`, `/v1/completions`).
+"""The JSON body of a metered request (chat completions, completions, the Responses API).
 
     request = parse_completion_request("chat", body)     # or InvalidRequestError (400)
     upstream_body = render_upstream_body(request, max_tokens=admission.max_tokens)
 
-Parsing checks only what admission needs (model, stream flags, max_tokens, how many choices)
-and leaves every other field for vLLM to judge, so new OpenAI parameters pass through.
-
-The prompt estimate is an upper bound of the prompt's tokens, which "never over a limit"
-depends on: a byte-level BPE (Qwen's tokenizers) never makes more tokens than UTF-8 bytes,
-and the ChatML template adds at most `PER_MESSAGE_TOKENS` per message plus `BASE_TOKENS`
-(the assistant prefix, an empty think block, a default system prompt) and `TOOLS_TOKENS`
-(the tool-use preamble) when tools are given. An image content part counts its image's
-tokens by the model's resize rule (`images`), never the length of its base64. A
-request-supplied `chat_template` can add anything and is not accounted for.
+Parsing checks what admission needs (model, stream flags, max_tokens, how many choices), the
+prompt estimate (`prompt_estimate`, `responses_request`: an upper bound of the prompt's
+tokens) and the fields vLLM reads that no estimate can bound (`request_fields`: a 400 names
+them). Fields vLLM does not declare pass through: vLLM ignores them, so new OpenAI
+parameters do not break clients. The multipliers of a reservation are bounded here, before
+any quota store sees them: `n` (and `best_of`) at `MAX_CHOICES`, as OpenAI bounds `n`, and
+max_tokens at `MAX_TOKENS_LIMIT`.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Literal, NamedTuple
+from typing import Any
 
 from serving.gateway.errors import InvalidRequestError
-from serving.gateway.images import (
-    IMAGE_PART_TOKENS,
-    ImageError,
-    ImagePolicy,
-    image_url_of,
-    read_data_url,
+from serving.gateway.images import ImagePolicy
+from serving.gateway.prompt_estimate import (
+    BASE_TOKENS,
+    PER_MESSAGE_TOKENS,
+    TOOLS_TOKENS,
+    chat_prompt_estimate,
+    completion_prompt_estimates,
+    text_bytes,
 )
+from serving.gateway.request_fields import Kind, check_fields
+from serving.gateway.responses_request import responses_prompt_estimate
 from serving.gateway.tool_request import check_schemas
 
-Kind = Literal["chat", "completion"]
+__all__ = [
+    "BASE_TOKENS",
+    "MAX_CHOICES",
+    "PER_MESSAGE_TOKENS",
+    "TOOLS_TOKENS",
+    "CompletionRequest",
+    "Kind",
+    "chat_prompt_estimate",
+    "check_max_tokens",
+    "check_tokenize_body",
+    "parse_completion_request",
+    "render_upstream_body",
+]
 
-
-class CompletionRoute(NamedTuple):
-    kind: Kind
-    path: str
-    """vLLM's spelling of the path."""
-
-
-COMPLETION_ROUTES: dict[str, CompletionRoute] = {
-    "/v1/chat/completions": CompletionRoute("chat", "/v1/chat/completions"),
-    "/v1/completions": CompletionRoute("completion", "/v1/completions"),
+# OpenAI's own bound on `n`.
+MAX_CHOICES = 128
+# No context window comes near it; it keeps every reservation a small integer in every
+# store (Redis's counters are 64-bit, its Lua numbers doubles).
+MAX_TOKENS_LIMIT = 1 << 31
+# The field that holds a route's max_tokens, in the order vLLM prefers them.
+_MAX_TOKENS_FIELDS: dict[Kind, tuple[str, ...]] = {
+    "chat": ("max_completion_tokens", "max_tokens"),
+    "completion": ("max_tokens",),
+    "responses": ("max_output_tokens",),
 }
-
-
-def completion_route(path: str) -> CompletionRoute | None:
-    """The metered endpoint `path` reaches in vLLM, if any. vLLM (Starlette) also serves a
-    path with one trailing slash added, through a redirect to its own address; the gateway
-    meters such a variant and sends it to the canonical path instead."""
-    route = COMPLETION_ROUTES.get(path)
-    if route is None and path.endswith("/"):
-        route = COMPLETION_ROUTES.get(path[:-1])
-    return route
-
-
-PER_MESSAGE_TOKENS = 8
-BASE_TOKENS = 96
-TOOLS_TOKENS = 1024
-# Request fields a chat template renders besides the messages.
-_RENDERED_EXTRAS = ("tools", "functions", "documents")
 
 
 @dataclass(slots=True)
@@ -80,40 +76,53 @@ class CompletionRequest:
     """Upper bound of the prompt tokens of all prompts together."""
     longest_prompt_estimate: int
 
+    @property
+    def max_tokens_field(self) -> str:
+        """The field the client set max_tokens in (or the route's usual one)."""
+        names = _MAX_TOKENS_FIELDS[self.kind]
+        return next((name for name in names if self.data.get(name) is not None), names[-1])
+
 
 def parse_completion_request(
     kind: Kind, body: bytes, *, images: ImagePolicy | None = None
 ) -> CompletionRequest:
     """The parsed body, or `InvalidRequestError`; `images` prices image parts (default:
     the settings' defaults)."""
-    try:
-        data = json.loads(body)
-    except (ValueError, RecursionError) as exc:
-        detail = "nested too deeply" if isinstance(exc, RecursionError) else "not valid JSON"
-        raise InvalidRequestError(
-            f"We could not parse the JSON body of your request ({detail}). "
-            "Send a JSON object with Content-Type: application/json."
-        ) from None
-    if not isinstance(data, dict):
-        raise InvalidRequestError("The request body must be a JSON object.")
+    data = _json_object(body)
     model = data.get("model")
     if not isinstance(model, str) or not model:
         raise _invalid("model", f"'model' must be a non-empty string, got {model!r}.")
+    check_fields(kind, data)
     stream = _optional_bool(data, "stream")
-    options = data.get("stream_options")
-    if options is not None and not isinstance(options, dict):
-        raise _invalid("stream_options", "'stream_options' must be an object or null.")
-    wants_usage = options is not None and _optional_bool(options, "include_usage", "stream_options")
+    wants_usage = False
+    if kind != "responses":  # a Responses stream always ends with its usage
+        options = data.get("stream_options")
+        if options is not None and not isinstance(options, dict):
+            raise _invalid("stream_options", "'stream_options' must be an object or null.")
+        wants_usage = options is not None and _optional_bool(
+            options, "include_usage", "stream_options"
+        )
     requested = _max_tokens(data, kind)
-    n = _count(data, "n")
+    images = images or ImagePolicy.defaults()
+    prompts = 1
     if kind == "chat":
+        n = _count(data, "n")
         check_schemas(data)  # a schema vLLM's grammar would refuse without naming it
-        estimate = longest = chat_prompt_estimate(data, images or ImagePolicy.defaults())
-        prompts = 1
+        estimate = longest = chat_prompt_estimate(data, images)
+    elif kind == "responses":
+        n = 1
+        estimate = longest = responses_prompt_estimate(data, images)
     else:
         estimates = completion_prompt_estimates(data.get("prompt"))
+        suffix = text_bytes(data.get("suffix"))
+        estimates = [one + suffix for one in estimates]
         estimate, longest, prompts = sum(estimates), max(estimates), len(estimates)
-        n = max(n, _count(data, "best_of"))
+        n = max(_count(data, "n"), _count(data, "best_of"))
+    if n * prompts > MAX_CHOICES:
+        param = "prompt" if n == 1 else "n"
+        raise _invalid(
+            param, f"At most {MAX_CHOICES} sequences per request (n x prompts), got {n * prompts}."
+        )
     return CompletionRequest(
         kind=kind,
         body=body,
@@ -128,109 +137,50 @@ def parse_completion_request(
     )
 
 
+def check_tokenize_body(body: bytes, images: ImagePolicy) -> None:
+    """vLLM's /tokenize renders a chat body (`messages`) as chat does, and tokenizes a
+    `prompt` otherwise: the same checks of fields and media apply, no reservation."""
+    data = _json_object(body)
+    if "messages" in data:
+        check_fields("chat", data)
+        chat_prompt_estimate(data, images)
+
+
 def render_upstream_body(request: CompletionRequest, *, max_tokens: int) -> bytes:
-    """The body sent to vLLM: the admitted max_tokens, and usage always asked for in streams
-    (the usage chunk is stripped again when the client did not ask for it). The client's
-    own bytes when nothing changes (vLLM takes max_completion_tokens over max_tokens)."""
-    force_usage = request.stream and not request.client_wants_usage
+    """The body sent to vLLM: the admitted max_tokens, and usage always asked for in chat
+    and completion streams (the usage chunk is stripped again when the client did not ask
+    for it). The client's own bytes when nothing changes."""
+    force_usage = request.stream and not request.client_wants_usage and request.kind != "responses"
     if request.requested_max_tokens == max_tokens and not force_usage:
         return request.body
     data = request.data
-    data["max_tokens"] = max_tokens
-    if data.get("max_completion_tokens") is not None:
-        data["max_completion_tokens"] = max_tokens
+    if request.kind == "responses":
+        data["max_output_tokens"] = max_tokens
+    else:
+        data["max_tokens"] = max_tokens
+        if data.get("max_completion_tokens") is not None:  # vLLM prefers it
+            data["max_completion_tokens"] = max_tokens
     if force_usage:
         data["stream_options"] = {"include_usage": True}
     return json.dumps(data, separators=(",", ":")).encode()
 
 
-def chat_prompt_estimate(data: dict[str, Any], images: ImagePolicy) -> int:
-    messages = data.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise _invalid("messages", "'messages' must be a non-empty array of message objects.")
-    total = BASE_TOKENS
-    seen_images = 0
-    for index, message in enumerate(messages):
-        if not isinstance(message, dict):
-            raise _invalid("messages", "Each entry of 'messages' must be an object.")
-        total += PER_MESSAGE_TOKENS
-        for name, value in message.items():  # role, content, name, tool_calls, ...
-            if name != "content" or not isinstance(value, list):
-                total += _text_bytes(value)
-                continue
-            for number, part in enumerate(value):
-                where = f"messages[{index}].content[{number}]"
-                tokens = _image_part_tokens(part, where, images, seen_images)
-                if tokens is None:
-                    total += _text_bytes(part)
-                else:
-                    total += tokens
-                    seen_images += 1
-    for name in _RENDERED_EXTRAS:
-        value = data.get(name)
-        if value:
-            total += _text_bytes(value) + (TOOLS_TOKENS if name != "documents" else 0)
-    return total
-
-
-def _image_part_tokens(part: object, where: str, images: ImagePolicy, seen: int) -> int | None:
-    """An image part's tokens (the image's by the model's rule, and the template's around
-    it); None for any other part. Each 400 names the field at fault."""
-    if not isinstance(part, dict):
-        return None
-    suffix = ""
+def _json_object(body: bytes) -> dict[str, Any]:
     try:
-        found = image_url_of(part)
-        if found is None:
-            return None
-        url, suffix = found
-        if seen >= images.max_images:
-            suffix = ""
-            if images.max_images == 0:
-                raise ImageError("This server does not accept images: its model reads text.")
-            raise ImageError(
-                f"Too many images: at most {images.max_images} are accepted per request."
-            )
-        header = read_data_url(url)
-        return images.image_tokens(header.width, header.height) + IMAGE_PART_TOKENS
-    except ImageError as exc:
-        raise _invalid(where + suffix, str(exc)) from None
-
-
-def completion_prompt_estimates(prompt: object) -> list[int]:
-    """One upper bound per prompt: text, token ids, or a batch of either."""
-    if isinstance(prompt, str):
-        return [_text_bytes(prompt) + 1]
-    if isinstance(prompt, list) and prompt:
-        if all(isinstance(item, int) and not isinstance(item, bool) for item in prompt):
-            return [len(prompt)]
-        estimates = []
-        for item in prompt:
-            if isinstance(item, str):
-                estimates.append(_text_bytes(item) + 1)
-            elif isinstance(item, list) and all(isinstance(token, int) for token in item):
-                estimates.append(len(item))
-            else:
-                break
-        else:
-            return estimates
-    raise _invalid(
-        "prompt", "'prompt' must be a string, an array of strings, or an array of token ids."
-    )
-
-
-def _text_bytes(value: object) -> int:
-    """UTF-8 bytes of a string; of anything else, its JSON text (which holds every string)."""
-    if value is None:
-        return 0
-    if isinstance(value, str):
-        return len(value) if value.isascii() else len(value.encode("utf-8", "surrogatepass"))
-    return len(json.dumps(value, ensure_ascii=False).encode("utf-8", "surrogatepass"))
+        data = json.loads(body)
+    except (ValueError, RecursionError) as exc:
+        detail = "nested too deeply" if isinstance(exc, RecursionError) else "not valid JSON"
+        raise InvalidRequestError(
+            f"We could not parse the JSON body of your request ({detail}). "
+            "Send a JSON object with Content-Type: application/json."
+        ) from None
+    if not isinstance(data, dict):
+        raise InvalidRequestError("The request body must be a JSON object.")
+    return data
 
 
 def _max_tokens(data: dict[str, Any], kind: Kind) -> int | None:
-    names = ("max_completion_tokens", "max_tokens") if kind == "chat" else ("max_tokens",)
-    checked = [check_max_tokens(data.get(name), name) for name in names]
+    checked = [check_max_tokens(data.get(name), name) for name in _MAX_TOKENS_FIELDS[kind]]
     return next((value for value in checked if value is not None), None)
 
 
@@ -244,6 +194,8 @@ def check_max_tokens(value: object, param: str = "max_tokens") -> int | None:
         raise _invalid(param, f"{param} must be an integer, got {value!r}")
     if value < 1:
         raise _invalid(param, f"{param} must be at least 1, got {value}")
+    if value > MAX_TOKENS_LIMIT:
+        raise _invalid(param, f"{param} must be at most {MAX_TOKENS_LIMIT}, got {value}")
     return value
 
 
@@ -261,8 +213,8 @@ def _count(data: dict[str, Any], name: str) -> int:
     value = data.get(name)
     if value is None:
         return 1
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise _invalid(name, f"'{name}' must be an integer >= 1, got {value!r}.")
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_CHOICES:
+        raise _invalid(name, f"'{name}' must be an integer from 1 to {MAX_CHOICES}, got {value!r}.")
     return value
 
 

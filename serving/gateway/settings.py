@@ -172,6 +172,10 @@ class GatewaySettings(BaseSettings):
     routing_overload: int = Field(default=8, ge=0)
     """With `affinity`: a prompt's engine is passed over while it has this many more requests
     in flight (from this gateway) than the least-loaded engine."""
+    serve_routes: tuple[Literal["tokenize"], ...] = ()
+    """Opt-in vLLM routes served besides the metered ones, all free of charge: `tokenize`
+    (vLLM's /tokenize and /detokenize, at the root as vLLM serves them). Every other route
+    vLLM has is refused (see docs/gateway.md, "Routes")."""
     redis_url: NonEmpty | None = Field(default=None, repr=False)
     """Redis holding the quota counters that gateway replicas share, so each key's limits hold
     across all of them (redis://, rediss:// or unix://; may carry a password, so it is never

@@ -45,19 +45,97 @@ def check_schemas(data: dict[str, Any]) -> None:
 def _check(schema: object, param: str) -> None:
     if not isinstance(schema, dict):
         return  # absent (a tool without parameters), or vLLM's own 400
-    problem = schema_problem(json.dumps(schema, sort_keys=True, ensure_ascii=False))
+    text = json.dumps(schema, sort_keys=True, ensure_ascii=False)
+    # Cached by their text only up to CACHED_SCHEMA_CHARS: the cache holds at most
+    # 512 x 16 Ki characters, whatever bodies arrive.
+    problem = schema_problem(text) if len(text) <= CACHED_SCHEMA_CHARS else _problem(schema)
     if problem is not None:
         raise InvalidRequestError(f"{param} is not a valid JSON Schema: {problem}", param=param)
+
+
+CACHED_SCHEMA_CHARS = 16 * 1024
 
 
 @functools.lru_cache(maxsize=512)
 def schema_problem(text: str) -> str | None:
     """Why the schema in `text` (JSON) breaks its meta-schema (the draft its `$schema` names,
     else 2020-12, as xgrammar reads it), or None when it is a JSON Schema."""
-    schema = json.loads(text)
+    return _problem(json.loads(text))
+
+
+def _problem(schema: dict[str, Any]) -> str | None:
+    dialect = schema.get("$schema", _DEFAULT_DIALECT)
+    if not isinstance(dialect, str):
+        return "'$schema' must be a URI string"
     try:
         validator_for(schema, default=Draft202012Validator).check_schema(schema)
     except SchemaError as exc:
         where = "".join(f"[{part!r}]" for part in exc.path)
         return f"{exc.message}" + (f" (at {where})" if where else "")
+    except RecursionError:
+        return "it is nested too deeply"
+    return _ref_problem(schema)
+
+
+_DEFAULT_DIALECT = "https://json-schema.org/draft/2020-12/schema"
+# A schema's nodes walked for its `$ref`s before the gateway gives up on it.
+MAX_SCHEMA_NODES = 100_000
+
+
+def _ref_problem(schema: dict[str, Any]) -> str | None:
+    """A `$ref` no grammar can be built from: one pointing outside the schema, at nothing,
+    or at itself through other bare `$ref`s (a loop that never reaches a type)."""
+    stack: list[object] = [schema]
+    visited = 0
+    while stack:
+        node = stack.pop()
+        visited += 1
+        if visited > MAX_SCHEMA_NODES:
+            return "it is too large"
+        if isinstance(node, list):
+            stack.extend(node)
+            continue
+        if not isinstance(node, dict):
+            continue
+        ref = node.get("$ref")
+        if ref is not None:
+            problem = _follow(schema, ref)
+            if problem is not None:
+                return problem
+        stack.extend(node.values())
     return None
+
+
+def _follow(root: dict[str, Any], ref: object) -> str | None:
+    seen: set[str] = set()
+    while True:
+        if not isinstance(ref, str) or not ref.startswith("#"):
+            return f"$ref {ref!r} must point inside the schema ('#...')"
+        if ref in seen:
+            return f"$ref {ref!r} refers to itself"
+        seen.add(ref)
+        target = _resolve(root, ref)
+        if target is None:
+            return f"$ref {ref!r} points at nothing"
+        if not isinstance(target, dict) or "$ref" not in target:
+            return None
+        ref = target["$ref"]
+
+
+def _resolve(root: dict[str, Any], ref: str) -> object | None:
+    """The node a local JSON pointer (`#/$defs/a`) names, or None."""
+    node: object = root
+    pointer = ref[1:]
+    if not pointer:
+        return root
+    if not pointer.startswith("/"):
+        return None  # an anchor name: not resolved here, so not accepted
+    for raw in pointer[1:].split("/"):
+        part = raw.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return None
+    return node

@@ -4,6 +4,10 @@
     meter.read_json(body)                  # a whole JSON body
     out = meter.feed(chunk) ... meter.end()  # an SSE stream: returns the bytes to relay
 
+The Responses API reports its usage as `input_tokens` / `output_tokens`, in the body or, when
+streamed, in the final `response.completed` (or `response.incomplete`) event; it is never
+stripped there.
+
 For SSE the per-chunk work is a few C-level byte scans: where the last complete event ends,
 how many `data:` fields and events went by (the tokens relayed so far, for a stream cut
 short; an event without data is not vLLM's SSE) and whether `"usage"` or `"error"` occurs.
@@ -36,8 +40,9 @@ _FIELDS = (b"data:", b":", b"event:", b"id:", b"retry:")
 # read with these instead of parsing JSON: a few regex steps per response, no objects built.
 _USAGE = re.compile(rb'"usage"\s*:\s*(\{[^{}]*(?:\{[^{}]*\}[^{}]*)*\})')
 _NO_USAGE = re.compile(rb'"usage"\s*:\s*null')
-_PROMPT_TOKENS = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
-_COMPLETION_TOKENS = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
+# Chat and completions say prompt/completion tokens; the Responses API input/output tokens.
+_PROMPT_TOKENS = re.compile(rb'"(?:prompt|input)_tokens"\s*:\s*(\d+)')
+_COMPLETION_TOKENS = re.compile(rb'"(?:completion|output)_tokens"\s*:\s*(\d+)')
 _NO_CHOICES = re.compile(rb'"choices"\s*:\s*\[\s*\]')
 
 

@@ -16,7 +16,7 @@ import pytest
 from serving.gateway.keys import SqliteKeyStore
 from serving.gateway.quota import Clock
 from serving.gateway.settings import GatewaySettings
-from tests.gateway.fake_upstream import FakeUpstream
+from tests.gateway.fake_upstream import FAKE_ROUTES, FakeUpstream
 from tests.gateway.servers import TEST_KEY, GatewayServer
 
 GatewayFactory = Callable[..., GatewayServer]
@@ -38,11 +38,12 @@ def start_gateway(
     access_log: bool = False,
     **options: object,
 ) -> GatewayServer:
-    """A started gateway for `upstream_url`; `options` override `GatewaySettings` fields."""
+    """A started gateway for `upstream_url`; `options` override `GatewaySettings` fields.
+    Its route table also serves the fake upstream's fault paths, free (`FAKE_ROUTES`)."""
     defaults: dict[str, object] = {"upstream_idle_timeout_s": 5.0, "graceful_shutdown_s": 1}
     defaults.update(options)
     settings = GatewaySettings.create(upstream=upstream_url, api_keys=api_keys, **defaults)
-    server = GatewayServer(settings, clock=clock, access_log=access_log)
+    server = GatewayServer(settings, clock=clock, access_log=access_log, routes=FAKE_ROUTES)
     server.start()
     return server
 

@@ -47,9 +47,26 @@ from typing import Any
 
 from aiohttp import web
 
+from serving.gateway.route_table import ROUTES, Route
 from tests.gateway.servers import listening_socket
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+# The fake's fault paths, served by the test gateways as free routes beside the real table
+# (the proxy's behaviour is what they test, not the route table's).
+_ANY = ("GET", "POST", "PUT", "PATCH", "DELETE")
+FAKE_ROUTES = ROUTES.with_routes(
+    *(
+        Route(path, _ANY, "free")
+        for path in (
+            "/v1/echo", "/v1/gated-stream", "/v1/bad-request", "/v1/legacy-error",
+            "/v1/redirect-to-self", "/v1/html-500", "/v1/detail-404", "/v1/big-json",
+            "/v1/reset-before-headers", "/v1/reset-mid-stream", "/v1/reset-mid-chunked",
+            "/v1/hang", "/v1/hang-mid-stream",
+        )
+    )
+)  # fmt: skip
 
 
 def sse(payload: object) -> bytes:

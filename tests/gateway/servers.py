@@ -15,6 +15,7 @@ import uvicorn
 
 from serving.gateway.app import GatewayApp, create_app
 from serving.gateway.quota import Clock
+from serving.gateway.route_table import ROUTES, RouteTable
 from serving.gateway.server import DrainingServer, build_server
 from serving.gateway.settings import GatewaySettings
 
@@ -55,10 +56,15 @@ class GatewayServer:
     `clock` drives its quota windows."""
 
     def __init__(
-        self, settings: GatewaySettings, *, clock: Clock | None = None, access_log: bool = False
+        self,
+        settings: GatewaySettings,
+        *,
+        clock: Clock | None = None,
+        access_log: bool = False,
+        routes: RouteTable = ROUTES,
     ) -> None:
         self.settings = settings
-        self.app: GatewayApp = create_app(settings, clock=clock)
+        self.app: GatewayApp = create_app(settings, clock=clock, routes=routes)
         self.server: DrainingServer = build_server(
             settings, app=self.app, log_level="warning", access_log=access_log
         )

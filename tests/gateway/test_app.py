@@ -126,7 +126,7 @@ def test_readyz_503_when_upstream_unreachable(make_gateway: GatewayFactory) -> N
     assert response.json()["status"] == "unavailable"
 
 
-@pytest.mark.parametrize("path", ["/", "/v2/models", "/v1", "/metric", "/health"])
+@pytest.mark.parametrize("path", ["/", "/v2/models", "/v1", "/metric", "/healthy", "/v1/nothing"])
 def test_unknown_routes_are_openai_404s(gateway: GatewayServer, path: str) -> None:
     with http_client(gateway.url) as http:
         response = http.get(path)

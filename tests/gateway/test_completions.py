@@ -19,7 +19,7 @@ from serving.gateway.quota import Limits
 from tests.gateway.conftest import GatewayFactory
 from tests.gateway.fake_upstream import FakeUpstream
 from tests.gateway.scrape import key_usage, scrape, settled, value
-from tests.gateway.servers import GatewayServer, http_client
+from tests.gateway.servers import TEST_KEY, GatewayServer, http_client
 from tests.gateway.test_proxy_streaming import sse_events
 
 pytestmark = pytest.mark.timeout(30)
@@ -190,14 +190,22 @@ def test_model_not_allowed_is_404_and_consumes_nothing(
     assert key_usage(keyed, key_id) == (0, 0, 0, 0)
 
 
-def test_limited_keys_only_reach_metered_endpoints_and_models(
-    keyed: GatewayServer, keys: SqliteKeyStore
-) -> None:
-    _, secret = new_key(keys, Limits(rpm=10))
-    with http_client(keyed.url, key=secret) as http:
-        assert http.post("/v1/echo", json={}).status_code == 403
+def test_every_key_meets_the_same_route_table(keyed: GatewayServer, keys: SqliteKeyStore) -> None:
+    # A key without limits used to reach every vLLM route: the table is the same for all.
+    _, limited = new_key(keys, Limits(rpm=10))
+    _, unlimited = new_key(keys)
+    for secret in (limited, unlimited, TEST_KEY):
+        with http_client(keyed.url, key=secret) as http:
+            refused = http.post("/v1/messages", json={})
+            assert refused.status_code == 403, refused.text
+            assert refused.json()["error"]["code"] == "endpoint_not_allowed"
+            assert http.post("/v1/load_lora_adapter", json={}).status_code == 403
+            assert http.post("/v1/nothing", json={}).status_code == 404
+            models = http.get("/v1/models")
+            assert models.status_code == 200
+    assert models.headers.get("x-ratelimit-limit-requests") != "10"
+    with http_client(keyed.url, key=limited) as http:
         models = http.get("/v1/models")
-    assert models.status_code == 200
     assert models.headers["x-ratelimit-limit-requests"] == "10"
 
 
@@ -296,14 +304,18 @@ def test_idle_upstream_mid_stream_is_a_timeout_event_and_frees_the_slot(
     assert post(keyed, secret, body()).status_code == 200  # the slot is free again
 
 
-def test_idle_upstream_before_headers_is_504_and_charges_nothing(
+def test_idle_upstream_before_headers_is_504_and_charges_what_it_could_have_made(
     keyed: GatewayServer, keys: SqliteKeyStore
 ) -> None:
+    # The engine had the request until the gateway gave up: it may have generated all of
+    # max_tokens, so the timeout is charged as an abort (the reservation), not refunded.
     key_id, secret = new_key(keys)
-    response = post(keyed, secret, body("fault-hang"))
+    payload = body("fault-hang", max_tokens=25, n=2)
+    response = post(keyed, secret, payload)
     assert response.status_code == 504
     assert response.json()["error"]["type"] == "timeout"
-    assert charged(keyed, key_id) == 0
+    parsed = parse_completion_request("chat", json.dumps(payload).encode())
+    assert charged(keyed, key_id) == parsed.prompt_estimate + 2 * 25
 
 
 def test_upstream_400_passes_through_and_charges_no_tokens(

@@ -16,6 +16,7 @@ from serving.gateway.openai_request import (
     BASE_TOKENS,
     PER_MESSAGE_TOKENS,
     TOOLS_TOKENS,
+    MAX_TOKENS_LIMIT,
     check_max_tokens,
     parse_completion_request,
     render_upstream_body,
@@ -77,8 +78,10 @@ def test_max_tokens_variants() -> None:
     assert parse_completion_request("chat", chat(max_tokens=7)).requested_max_tokens == 7
     both = parse_completion_request("chat", chat(max_tokens=7, max_completion_tokens=9))
     assert both.requested_max_tokens == 9  # vLLM uses max_completion_tokens first
-    huge = parse_completion_request("chat", chat(max_tokens=10**12))
-    assert huge.requested_max_tokens == 10**12  # capping is admission's job
+    huge = parse_completion_request("chat", chat(max_tokens=MAX_TOKENS_LIMIT))
+    assert huge.requested_max_tokens == MAX_TOKENS_LIMIT  # capping is admission's job
+    assert param_of(chat(max_tokens=MAX_TOKENS_LIMIT + 1)) == "max_tokens"
+    assert param_of(chat(max_tokens=10**19)) == "max_tokens"
 
 
 def test_chat_estimate_bounds_the_prompt_bytes() -> None:

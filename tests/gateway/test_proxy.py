@@ -61,6 +61,10 @@ def test_request_headers_forwarded_without_credentials_or_hop_headers(
 ) -> None:
     headers = {
         "X-Custom": "yes",
+        "X-Vllm-Priority": "-100",
+        "X-data-parallel-rank": "1",
+        "User-Agent": "OpenAI/Python 2.0",
+        "Traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
         "Content-Type": "application/json",
         "Connection": "keep-alive, x-client-hop",
         "X-Client-Hop": "drop me",
@@ -70,10 +74,13 @@ def test_request_headers_forwarded_without_credentials_or_hop_headers(
     with client(gateway) as http:
         response = http.post("/v1/echo", content=b"{}", headers=headers)
     forwarded = dict(response.json()["headers"])
-    assert forwarded["x-custom"] == "yes"
     assert forwarded["content-type"] == "application/json"
+    assert forwarded["user-agent"] == "OpenAI/Python 2.0"
+    assert forwarded["traceparent"] == headers["Traceparent"]
     assert forwarded["host"] == upstream.url.removeprefix("http://")
-    for name in ("authorization", "proxy-authorization", "x-client-hop", "te"):
+    # Only the route table's allow-list passes: vLLM's own control headers never do.
+    dropped = ("authorization", "proxy-authorization", "x-client-hop", "te", "x-custom")
+    for name in (*dropped, "x-vllm-priority", "x-data-parallel-rank"):
         assert name not in forwarded
     assert TEST_KEY not in response.text
     # The upstream sees the same request id the client gets back.

@@ -57,7 +57,10 @@ GOOD: dict[str, tuple[str, object]] = {
     "redis_replicas": ("3", 3),
     "routing": ("least-loaded", "least-loaded"),
     "routing_overload": ("2", 2),
+    "serve_routes": ('["tokenize"]', ("tokenize",)),
 }
+# List settings: an error shows the bad item, not the whole list.
+SHOWN_ITEM = {"serve_routes": "embeddings"}
 # Settings whose values may carry a secret: errors and reprs never show them.
 SECRET_FIELDS = {"redis_url"}
 # field -> a value it refuses
@@ -93,6 +96,7 @@ BAD: dict[str, str] = {
     "redis_replicas": "0",
     "routing": "random",
     "routing_overload": "-1",
+    "serve_routes": '["embeddings"]',
 }
 # Set as digests only, from --api-key or SERVING_API_KEY (tested below).
 SETTINGS = [name for name in GatewaySettings.model_fields if name != "api_key_digests"]
@@ -156,7 +160,9 @@ def test_a_bad_flag_names_the_field_and_the_value(field: str) -> None:
 
 def shown(field: str) -> str:
     """How an error shows the bad value: hidden for settings that may carry a secret."""
-    return "(hidden)" if field in SECRET_FIELDS else repr(BAD[field])
+    if field in SECRET_FIELDS:
+        return "(hidden)"
+    return repr(SHOWN_ITEM.get(field, BAD[field]))
 
 
 def test_a_bad_redis_url_never_shows_its_password() -> None:

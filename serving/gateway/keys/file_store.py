@@ -3,7 +3,10 @@
 The file holds one or more YAML documents, each `keys: [<entry>, ...]` (entries as in
 `record`), so `serving keys create --emit-yaml >> keys.yaml` appends a valid document.
 The store re-reads the file when it changes (mtime, size or inode: a Secret update swaps a
-symlink), checking at most once per `check_interval`; a broken edit keeps the last good keys.
+symlink), checking at most once per `check_interval`. A change that does not parse fails
+closed: the store accepts none of its keys until the file parses again (`broken` says why,
+and so do a log line and the gateway_keys_file_up metric), since the edit may have been a
+revocation. Keeping the last good keys would keep a revoked key working.
 """
 
 from __future__ import annotations
@@ -45,6 +48,9 @@ class FileKeyStore:
         self._signature = _signature(path)
         self._records = load_keys_file(path)  # a bad file at start-up is an error, not a log
         self._checked_at = monotonic()
+        self.broken: str | None = None
+        """Why the file's last change could not be loaded (its keys are refused); None
+        while it is loaded."""
 
     def get(self, key_id: str) -> KeyRecord | None:
         self.reload_if_changed()
@@ -64,15 +70,21 @@ class FileKeyStore:
             return False
         with self._lock:
             self._checked_at = now
+            signature: _Signature | None = None
             try:
                 signature = _signature(self.path)
                 if signature == self._signature and not force:
                     return False
                 records = load_keys_file(self.path)
             except (OSError, ServingError) as exc:
-                log.warning("keeping the previous keys: cannot reload %s: %s", self.path, exc)
+                if self.broken is None or signature != self._signature:
+                    log.error("refusing every key of %s until it loads again: %s", self.path, exc)
+                self._records, self._signature = {}, signature or (0, 0, 0)
+                self.broken = str(exc)
                 return False
-            self._records, self._signature = records, signature
+            if self.broken is not None:
+                log.warning("keys file %s loads again: its keys are accepted", self.path)
+            self._records, self._signature, self.broken = records, signature, None
             return True
 
     def close(self) -> None:

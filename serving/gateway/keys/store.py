@@ -68,3 +68,26 @@ def authenticate_with(store: KeyStore, secret: str) -> KeyRecord | None:
     if record is None or not matches or record.revoked:
         return None
     return record
+
+
+def authenticate_across(stores: Sequence[KeyStore], secret: str) -> KeyRecord | None:
+    """The active key this secret belongs to, over several stores: the first store holding
+    its id decides, unless any store holds that id revoked (a revocation anywhere holds
+    everywhere). One secret comparison, whatever was found."""
+    key_id = key_id_of(secret)
+    if key_id is None:
+        return None
+    found: KeyRecord | None = None
+    revoked = False
+    for store in stores:
+        record = store.get(key_id)
+        if record is None:
+            continue
+        if record.revoked:
+            revoked = True
+        elif found is None:
+            found = record
+    matches = secret_matches(secret, found.secret_sha256 if found else _NO_SUCH_HASH)
+    if found is None or revoked or not matches:
+        return None
+    return found

@@ -30,7 +30,7 @@ from serving.gateway.quota.decision import (
 )
 from serving.gateway.quota.journal import BudgetJournal, Charge
 from serving.gateway.quota.limits import Scope, ScopedLimits
-from serving.gateway.quota.store import LeaseIds, ScopeUsage, check_ending
+from serving.gateway.quota.store import LeaseIds, ScopeUsage, check_ending, check_reservation
 from serving.gateway.quota.windows import (
     Clock,
     PeriodCounter,
@@ -91,6 +91,7 @@ class InMemoryQuotaStore:
     async def try_reserve(
         self, scopes: Sequence[ScopedLimits], prompt_tokens: int, max_tokens: int, ttl: float
     ) -> tuple[Lease | Refusal, RateLimitStatus]:
+        check_reservation(prompt_tokens, max_tokens, ttl)
         now = self._clock.monotonic()
         wall = self._clock.wall()
         expiries = self._expiries

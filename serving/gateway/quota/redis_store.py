@@ -90,6 +90,7 @@ from serving.gateway.quota.store import (
     QuotaStoreUnavailable,
     ScopeUsage,
     check_ending,
+    check_reservation,
 )
 from serving.gateway.quota.windows import Clock
 
@@ -182,6 +183,7 @@ class RedisQuotaStore:
     async def try_reserve(
         self, scopes: Sequence[ScopedLimits], prompt_tokens: int, max_tokens: int, ttl: float
     ) -> tuple[Lease | Refusal, RateLimitStatus]:
+        check_reservation(prompt_tokens, max_tokens, ttl)
         key_id = scopes[0].scope.key_id
         lease_id = self._ids.next()
         # Sent every time (SADD is idempotent and O(1)): a Redis that restarted empty lost the

@@ -29,6 +29,25 @@ from typing import NamedTuple, Protocol
 from serving.gateway.quota.decision import Lease, LeaseState, RateLimitStatus, Refusal
 from serving.gateway.quota.limits import Scope, ScopedLimits
 
+# The largest reservation a store books: every counter stays an exact integer in each store
+# (Python's ints, Redis's 64-bit counters and the doubles of its Lua scripts, exact to 2**53).
+MAX_RESERVATION = 1 << 50
+
+
+def check_reservation(prompt_tokens: object, max_tokens: object, ttl: object) -> None:
+    """ValueError, before a store touches anything, for a reservation no counter can hold:
+    negative, not an integer, past `MAX_RESERVATION`, or a ttl that is not a positive time.
+    The gateway bounds what it asks for (`openai_request`), so this only ever fires on a
+    bug; every store calls it first, so none of them half-applies one."""
+    for name, value in (("prompt_tokens", prompt_tokens), ("max_tokens", max_tokens)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+    assert isinstance(prompt_tokens, int) and isinstance(max_tokens, int)
+    if prompt_tokens + max_tokens > MAX_RESERVATION:
+        raise ValueError(f"a reservation of {prompt_tokens + max_tokens} tokens is too large")
+    if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not 0 < ttl < float("inf"):
+        raise ValueError(f"ttl must be a positive number of seconds, got {ttl!r}")
+
 
 class ScopeUsage(NamedTuple):
     """What one scope holds now (reservations of in-flight requests included)."""

@@ -52,6 +52,11 @@ def prompt_text(kind: str, data: dict[str, Any]) -> str | None:
             else:  # content parts, tool calls, names: the whole message, canonical
                 parts.append(json.dumps(message, sort_keys=True, separators=(",", ":")) + _RECORD)
         return "".join(parts)
+    if kind == "responses":
+        instructions, given = data.get("instructions"), data.get("input")
+        if isinstance(given, str) and instructions is None:
+            return given
+        return json.dumps([instructions, given], sort_keys=True, separators=(",", ":"))
     prompt = data.get("prompt")
     return prompt if isinstance(prompt, str) else None
 

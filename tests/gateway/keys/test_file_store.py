@@ -129,7 +129,9 @@ def test_reload_through_a_swapped_symlink_like_a_kubernetes_secret(tmp_path: Pat
     assert store.authenticate(secret) == record
 
 
-def test_a_broken_edit_keeps_the_last_good_keys(tmp_path: Path) -> None:
+def test_a_broken_edit_refuses_every_key_until_the_file_loads_again(tmp_path: Path) -> None:
+    # The edit may have been a revocation written badly: keeping the last good keys would
+    # keep the revoked key working (fail open).
     record, secret = make_record("team-a")
     path = tmp_path / "keys.yaml"
     path.write_text(render_keys_yaml([record]))
@@ -137,9 +139,14 @@ def test_a_broken_edit_keeps_the_last_good_keys(tmp_path: Path) -> None:
     path.write_text("keys: [ {id: oops\n")
     os.utime(path, ns=(0, 10**18))
     assert not store.reload_if_changed()
-    assert store.authenticate(secret) == record
+    assert store.authenticate(secret) is None
+    assert store.broken is not None and "not valid YAML/JSON" in store.broken
+    assert secret not in store.broken
     path.unlink()
+    assert store.authenticate(secret) is None
+    path.write_text(render_keys_yaml([record]))
     assert store.authenticate(secret) == record
+    assert store.broken is None
 
 
 @pytest.mark.parametrize(

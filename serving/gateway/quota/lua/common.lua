@@ -16,6 +16,7 @@ local WINDOW = 60                 -- a bucket counts while it is one of the 61 n
 local KEEP_WINDOW_S = 62          -- a window hash is empty this long after its last booking
 local KEEP_STATE_S = 40 * 86400   -- longer than a month: a month's budget outlives quiet days
 local KEEP_ENDED_S = 86400        -- how long a late finish still learns how its lease ended
+local MAX_RESERVATION = 2 ^ 50     -- store.MAX_RESERVATION: exact in a double and in HINCRBY
 
 -- A key id's prefix, from its lease hash's name.
 local function prefix_of(leases_key)

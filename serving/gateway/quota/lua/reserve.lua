@@ -12,7 +12,17 @@
 -- head: {now, wall, bucket, day, month}.
 local p = prefix_of(own_key(1))
 local id, ttl = arg(1), tonumber(arg(2))
-local tokens = tonumber(arg(3)) + tonumber(arg(4))
+local prompt, max_tokens = tonumber(arg(3)), tonumber(arg(4))
+-- Every bound before this reservation's first write (store.check_reservation checks the same
+-- in the replica): a value no counter holds exactly would make HINCRBY fail half-way.
+local function count(x)
+  return x ~= nil and x >= 0 and x == math.floor(x) and x <= MAX_RESERVATION
+end
+if not (count(prompt) and count(max_tokens) and count(prompt + max_tokens)
+    and ttl ~= nil and ttl > 0 and ttl < math.huge) then
+  return redis.error_reply('ERR reservation out of range')
+end
+local tokens = prompt + max_tokens
 local bucket = math.floor(now)
 local day, month = utc_periods(wall)
 local head = {fmt(now), fmt(wall), bucket, day, month}
