@@ -161,8 +161,8 @@ class RouteTable:
             raise wrong_method(method, path, route.methods[0])
         raise refusal(method, path)
 
-    def paths(self) -> list[str]:
-        return sorted(self._routes)
+    def routes(self) -> list[Route]:
+        return sorted(self._routes.values(), key=lambda route: route.path)
 
     def with_routes(self, *routes: Route) -> RouteTable:
         """This table and `routes` (tests: a fake upstream's own paths)."""

@@ -179,6 +179,8 @@ class FakeUpstream:
         self.healthy = True
         self.health_checks = 0
         """Requests to `/health` so far."""
+        self.other_requests = 0
+        """Requests to any other path so far."""
         self.port = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -224,6 +226,10 @@ class FakeUpstream:
                 self._changed.wait(left)
             return True
 
+    def requests_seen(self) -> int:
+        """Requests to any path but `/health` so far."""
+        return self.other_requests
+
     def seen(self, event: str) -> bool:
         with self._changed:
             return event in self._events
@@ -249,8 +255,15 @@ class FakeUpstream:
     async def _serve(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
+
         # vLLM sets no body limit (aiohttp's default is 1 MiB): bodies with images pass.
-        app = web.Application(client_max_size=256 * 1024 * 1024)
+        @web.middleware
+        async def count(request: web.Request, handler: Handler) -> web.StreamResponse:
+            if request.path != "/health":
+                self.other_requests += 1
+            return await handler(request)
+
+        app = web.Application(client_max_size=256 * 1024 * 1024, middlewares=[count])
         routes: list[tuple[str, str, Handler]] = [
             ("GET", "/health", self._health),
             ("GET", "/v1/models", self._models),

@@ -14,9 +14,9 @@ from serving.gateway.errors import InvalidRequestError
 from serving.gateway.images import IMAGE_PART_TOKENS, ImagePolicy
 from serving.gateway.openai_request import (
     BASE_TOKENS,
+    MAX_TOKENS_LIMIT,
     PER_MESSAGE_TOKENS,
     TOOLS_TOKENS,
-    MAX_TOKENS_LIMIT,
     check_max_tokens,
     parse_completion_request,
     render_upstream_body,

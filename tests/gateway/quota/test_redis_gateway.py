@@ -132,3 +132,30 @@ def test_local_policy_serves_from_a_replicas_share_while_redis_is_black_holed(
         again = http.post("/v1/chat/completions", json=CHAT)
     assert again.status_code == 200 and again.headers["x-ratelimit-limit-requests"] == "5"
     assert key_usage(gateway, record.key_id)[:2] == (0, 1)  # Redis counts what it saw
+
+
+@pytest.mark.parametrize(
+    "absurd",
+    [
+        {"n": 10_000_000_000_000_000_000},
+        {"max_tokens": 10_000_000_000_000_000_000},
+        {"n": 128, "max_tokens": 2**31},
+        {"n": -1},
+        {"max_tokens": 2.5},
+    ],
+)
+def test_an_absurd_body_is_a_400_that_never_locks_its_key_out(
+    make_gateway: GatewayFactory, keys: SqliteKeyStore, redis_server: RedisServer, absurd: object
+) -> None:
+    # `n: 10**19` once made the reserve script fail half-way: a 503, and the key's two
+    # slots never came back (every later request a 429).
+    gateway = redis_gateway(make_gateway, keys, redis_server, "closed")
+    _, secret = keys.create("absurd", limits=Limits(max_concurrency=2, tpm=10**6))
+    with http_client(gateway.url, key=secret) as http:
+        for _ in range(3):
+            refused = http.post("/v1/chat/completions", json={**CHAT, **absurd})
+            assert refused.status_code in (400, 429), refused.text
+            assert refused.json()["error"]["type"] in ("invalid_request_error", "tokens")
+        for _ in range(3):
+            assert http.post("/v1/chat/completions", json=CHAT).status_code == 200
+    assert eventually(lambda: settled(gateway))

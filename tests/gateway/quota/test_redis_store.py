@@ -33,8 +33,10 @@ from serving.gateway.quota import (
     RefusalReason,
     Scope,
     ScopedLimits,
+    redis_store,
 )
 from serving.gateway.quota.redis_store import DEFAULT_SETTLE_DELAY_S, RedisQuotaStore
+from serving.gateway.quota.store import QuotaStoreUnavailable
 from serving.gateway.quota.windows import utc_day, utc_month
 from tests.gateway.conftest import eventually
 from tests.gateway.quota.conftest import SLOW_MACHINE_TIMEOUT_S
@@ -281,3 +283,21 @@ async def stores_without_flush(url: str) -> AsyncIterator[RedisQuotaStore]:
         yield store
     finally:
         await store.close()
+
+
+@run_async
+async def test_the_reserve_script_checks_its_bounds_before_its_first_write(
+    redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `n: 10**19` once made this script fail half-way (HINCRBY overflowed after the slot
+    # was booked), locking the key out. The replica checks first (store.check_reservation);
+    # here that check is taken away, so the script's own must hold.
+    monkeypatch.setattr(redis_store, "check_reservation", lambda *args: None)
+    async with stores(redis_server) as make:
+        store = make()
+        for prompt, max_tokens in ((10, 10**23), (2**51, 2**51), (-5, 10), (1, 0.5)):
+            with pytest.raises(QuotaStoreUnavailable):
+                await store.try_reserve(ONE_SLOT, prompt, max_tokens, 60)  # type: ignore[arg-type]
+            usage = await store.usage(SCOPE)
+            assert (usage.in_flight, usage.requests_in_window, usage.tokens_in_window) == (0, 0, 0)
+        assert isinstance(await reserve(store), Lease)  # the one slot is still there

@@ -17,6 +17,7 @@ from collections.abc import Coroutine
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
+import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -42,6 +43,7 @@ from serving.gateway.quota import (
     decide,
     rate_limit_status,
 )
+from serving.gateway.quota.store import MAX_RESERVATION
 from serving.gateway.quota.windows import bucket_of, utc_day, utc_month
 from tests.gateway.quota.conftest import StoreFactory
 from tests.gateway.quota.subjects import Subject, utc
@@ -171,6 +173,36 @@ class QuotaMachine(RuleBasedStateMachine):
             limited, self.model_states(scopes), self.now()[0]
         )
         return record
+
+    @rule(
+        key_index=st.integers(0, len(KEYS) - 1),
+        model=st.sampled_from(MODELS),
+        prompt=st.sampled_from([0, 5, -1, 2**53, 10**19, 1.5, True]),
+        max_tokens=st.sampled_from([1, -3, 0.5, 2**51, 10**19 * 128, 10**40, False]),
+        ttl=st.sampled_from([TTL, 0.0, -1.0, math.inf, math.nan]),
+    )
+    def absurd_reservation(
+        self, key_index: int, model: str, prompt: Any, max_tokens: Any, ttl: float
+    ) -> None:
+        """A reservation no counter can hold (what `n: 10**19` once asked of Redis) is
+        refused whole, before anything is booked: every counter stays as it was."""
+        key = KEYS[key_index]
+        scopes = (Scope(key.key_id),) + (
+            (Scope(key.key_id, model),) if model in key.model_limits else ()
+        )
+        valid = (
+            all(type(value) is int and value >= 0 for value in (prompt, max_tokens))
+            and prompt + max_tokens <= MAX_RESERVATION
+            and 0 < ttl < math.inf
+        )
+        if valid:
+            return  # an ordinary reservation: `admit` covers those
+        self.reclaim()
+        before = [self.run(self.store.usage(scope)) for scope in scopes]
+        limited = tuple(ScopedLimits(scope, ALL_SCOPES[scope]) for scope in scopes)
+        with pytest.raises(ValueError):
+            self.run(self.store.try_reserve(limited, prompt, max_tokens, ttl))
+        assert [self.run(self.store.usage(scope)) for scope in scopes] == before
 
     def now(self) -> tuple[float, float]:
         return self.clock.monotonic(), self.clock.wall()

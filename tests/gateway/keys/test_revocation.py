@@ -1,0 +1,68 @@
+"""Revocation fails closed across stores: a key revoked in any store is refused everywhere,
+and readiness fails only when no key store is left working."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+import pytest
+
+from serving.gateway.auth import KeyStoreAuthenticator, StaticKeyAuthenticator
+from serving.gateway.errors import AuthenticationError
+from serving.gateway.keys import FileKeyStore, SqliteKeyStore
+from serving.gateway.keys.credentials import hash_secret
+from serving.gateway.keys.file_store import render_keys_yaml
+from tests.gateway.keys.test_file_store import make_record
+
+
+def bearer(secret: str) -> bytes:
+    return f"Bearer {secret}".encode()
+
+
+def test_a_key_revoked_in_one_store_is_refused_though_another_holds_it_active(
+    tmp_path: Path,
+) -> None:
+    record, secret = make_record("team-a")
+    active = tmp_path / "active.yaml"
+    active.write_text(render_keys_yaml([record]))
+    revoked = tmp_path / "revoked.yaml"
+    revoked.write_text(render_keys_yaml([dataclasses.replace(record, revoked=True)]))
+    for order in ((active, revoked), (revoked, active)):
+        authenticator = KeyStoreAuthenticator([FileKeyStore(path) for path in order])
+        with pytest.raises(AuthenticationError):
+            authenticator.authenticate(bearer(secret))
+    both_active = KeyStoreAuthenticator([FileKeyStore(active), FileKeyStore(active)])
+    assert both_active.authenticate(bearer(secret)).key_id == record.key_id
+
+
+def test_a_revocation_in_the_key_database_holds_over_a_keys_file(tmp_path: Path) -> None:
+    store = SqliteKeyStore(tmp_path / "keys.db")
+    created, secret = store.create("team-b")
+    path = tmp_path / "keys.yaml"
+    path.write_text(render_keys_yaml([created]))
+    authenticator = KeyStoreAuthenticator([store, FileKeyStore(path)])
+    assert authenticator.authenticate(bearer(secret)).key_id == created.key_id
+    store.revoke(created.key_id)
+    with pytest.raises(AuthenticationError):
+        authenticator.authenticate(bearer(secret))
+    store.close()
+
+
+def test_readiness_fails_only_when_no_key_store_works(tmp_path: Path) -> None:
+    record, _ = make_record("team-c")
+    path = tmp_path / "keys.yaml"
+    path.write_text(render_keys_yaml([record]))
+    broken = FileKeyStore(path, check_interval=0)
+    path.write_text("keys: [ {")
+    os.utime(path, ns=(0, 10**18))
+    broken.reload_if_changed()
+    assert broken.broken is not None
+    alone = KeyStoreAuthenticator([broken])
+    assert alone.unready_reason is not None and "keys.yaml" in alone.unready_reason
+    other = tmp_path / "other.yaml"
+    other.write_text(render_keys_yaml([make_record("team-d")[0]]))
+    assert KeyStoreAuthenticator([broken, FileKeyStore(other)]).unready_reason is None
+    dev = StaticKeyAuthenticator([hash_secret("sk-dev-key")])
+    assert KeyStoreAuthenticator([broken], dev=dev).unready_reason is None

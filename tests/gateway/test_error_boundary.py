@@ -1,0 +1,79 @@
+"""One error boundary: every failure on the request path is an OpenAI error JSON, and the
+metrics record the status the client got."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from serving.gateway.metrics import NONE
+from tests.gateway.conftest import GatewayFactory
+from tests.gateway.fake_upstream import FakeUpstream
+from tests.gateway.scrape import scrape, value
+from tests.gateway.servers import TEST_KEY, http_client
+
+MESSAGES = [{"role": "user", "content": "hi"}]
+
+
+def requests_with_status(samples: Any, status: str) -> float:
+    # Refused while parsing, before the model is known.
+    return value(samples, "gateway_requests_total", key="dev", model=NONE, status=status)
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"$schema": []},  # once a bare text/plain 500, counted as 499
+        {"$ref": "#"},  # once vLLM's 500
+        {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"},
+        {"$ref": "#/$defs/missing"},
+        {"$ref": "http://schemas.example/x.json"},
+        {"type": "object", "properties": {"x": {"$ref": 5}}},
+    ],
+)
+def test_schemas_no_grammar_can_be_built_from_are_400s_counted_as_such(
+    make_gateway: GatewayFactory, upstream: FakeUpstream, schema: dict[str, Any]
+) -> None:
+    gateway = make_gateway()
+    response_format = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+    body = {"model": "fake", "messages": MESSAGES, "response_format": response_format}
+    before = upstream.requests_seen()
+    with http_client(gateway.url, key=TEST_KEY) as http:
+        response = http.post("/v1/chat/completions", json=body)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == "response_format.json_schema.schema"
+    assert upstream.requests_seen() == before
+    samples = scrape(gateway)
+    assert requests_with_status(samples, "400") == 1
+    assert requests_with_status(samples, "499") == 0
+
+
+def test_a_recursive_schema_that_reaches_a_type_is_accepted(make_gateway: GatewayFactory) -> None:
+    gateway = make_gateway()
+    tree = {"type": "object", "properties": {"children": {"type": "array", "items": {"$ref": "#"}}}}
+    response_format = {"type": "json_schema", "json_schema": {"name": "tree", "schema": tree}}
+    body = {"model": "fake", "messages": MESSAGES, "response_format": response_format}
+    with http_client(gateway.url, key=TEST_KEY) as http:
+        assert http.post("/v1/chat/completions", json=body).status_code == 200
+
+
+def test_a_bug_on_the_request_path_is_an_openai_500_counted_as_one(
+    make_gateway: GatewayFactory,
+) -> None:
+    gateway = make_gateway()
+
+    async def broken(*args: object) -> None:
+        raise RuntimeError("a bug with a detail the client must not see")
+
+    gateway.app.completions.handle = broken  # type: ignore[method-assign]
+    with http_client(gateway.url, key=TEST_KEY) as http:
+        response = http.post("/v1/chat/completions", json={"model": "fake", "messages": MESSAGES})
+    assert response.status_code == 500
+    assert response.headers["content-type"].startswith("application/json")
+    error = response.json()["error"]
+    assert (error["type"], error["code"]) == ("server_error", "internal_error")
+    assert "detail" not in error["message"]
+    assert "x-request-id" in response.headers
+    samples = scrape(gateway)
+    assert requests_with_status(samples, "500") == 1

@@ -1,0 +1,272 @@
+"""The gateway's view of a request is an upper bound of what vLLM does with it, checked
+against the real engine on the tiny model: vLLM's own prompt counts never exceed the
+reservation's prompt part, on every metered route, for bodies hypothesis generates; the
+Responses API is metered for a limited key; fields vLLM renders into the prompt are counted.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from serving.gateway.openai_request import parse_completion_request
+from serving.gateway.request_fields import Kind
+from tests.integration.conftest import MODEL, Stack, eventually
+from tests.integration.test_gateway_quota import charged, client, create_key, idle
+
+PATHS: dict[Kind, str] = {
+    "chat": "/v1/chat/completions",
+    "completion": "/v1/completions",
+    "responses": "/v1/responses",
+}
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Get the current weather for a city, in degrees and words. " * 4,
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "unit": {"enum": ["c", "f"]}},
+            "required": ["city"],
+        },
+    },
+}
+# Ordinary English, for the tightness bound.
+SENTENCES = [
+    "Tell me about the weather in Paris today.",
+    "The quick brown fox jumps over the lazy dog near the river bank.",
+    "Our quarterly report shows revenue grew by twelve percent over last year.",
+    "Please summarise the following meeting notes in three short bullet points.",
+    "Why does the sky look blue during the day but red at sunset?",
+]
+
+
+def prompt_count(stack: Stack, kind: Kind, body: dict[str, Any]) -> int | None:
+    """vLLM's own prompt tokens for `body` sent through the gateway (None: vLLM refused
+    it with a 400, as it may for a body hypothesis made up)."""
+    response = httpx.post(
+        stack.gateway_url + PATHS[kind],
+        json=body,
+        headers={"Authorization": f"Bearer {stack.api_key}"},
+        timeout=120,
+    )
+    assert response.status_code < 500, response.text
+    if response.status_code != 200:
+        assert response.json()["error"]["message"], response.text
+        return None
+    usage = response.json()["usage"]
+    return int(usage["input_tokens"] if kind == "responses" else usage["prompt_tokens"])
+
+
+def estimate(kind: Kind, body: dict[str, Any]) -> int:
+    """The reservation's prompt part, by the gateway's own parser."""
+    return parse_completion_request(kind, json.dumps(body).encode()).prompt_estimate
+
+
+# -- bodies --------------------------------------------------------------------------------
+
+text = st.text(
+    st.characters(codec="utf-8", exclude_categories=("Cs", "Cc")), min_size=0, max_size=120
+)
+words = st.lists(st.sampled_from(SENTENCES), min_size=1, max_size=4).map(" ".join)
+content = st.one_of(text, words)
+tool: st.SearchStrategy[dict[str, Any]] = st.builds(
+    lambda name, description: {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": description,
+            "parameters": {"type": "object", "properties": {"x": {"type": "string"}}},
+        },
+    },
+    st.from_regex(r"[a-z_]{1,20}", fullmatch=True),
+    content,
+)
+messages = st.lists(
+    st.fixed_dictionaries(
+        {"role": st.sampled_from(["system", "user", "assistant"]), "content": content}
+    ),
+    min_size=1,
+    max_size=4,
+).map(lambda turns: [*turns, {"role": "user", "content": "Go on."}])
+
+
+@st.composite
+def chat_bodies(draw: st.DrawFn) -> dict[str, Any]:
+    body: dict[str, Any] = {"model": MODEL, "messages": draw(messages), "max_tokens": 1}
+    tools = draw(st.lists(tool, max_size=2))
+    where = draw(st.sampled_from(["top", "kwargs", "none"]))
+    if tools and where == "top":
+        body["tools"] = tools
+    elif tools and where == "kwargs":
+        body["chat_template_kwargs"] = {"tools": tools}
+    if draw(st.booleans()):
+        kwargs = body.setdefault("chat_template_kwargs", {})
+        kwargs["enable_thinking"] = draw(st.booleans())
+    if draw(st.booleans()):
+        kwargs = body.setdefault("chat_template_kwargs", {})
+        kwargs["documents"] = [{"title": draw(text), "text": draw(content)}]
+    return body
+
+
+@st.composite
+def completion_bodies(draw: st.DrawFn) -> dict[str, Any]:
+    prompt = draw(
+        st.one_of(content.filter(bool), st.lists(content.filter(bool), min_size=1, max_size=3))
+    )
+    return {"model": MODEL, "prompt": prompt, "max_tokens": 1}
+
+
+@st.composite
+def responses_bodies(draw: st.DrawFn) -> dict[str, Any]:
+    given_input: object = draw(content.filter(bool))
+    if draw(st.booleans()):
+        given_input = [
+            {"role": role, "content": [{"type": "input_text", "text": draw(content)}]}
+            for role in draw(
+                st.lists(st.sampled_from(["user", "assistant"]), min_size=1, max_size=3)
+            )
+        ] + [{"role": "user", "content": "Go on."}]
+    body: dict[str, Any] = {"model": MODEL, "input": given_input, "max_output_tokens": 1}
+    if draw(st.booleans()):
+        body["instructions"] = draw(content)
+    tools = draw(st.lists(tool, max_size=2))
+    if tools:
+        body["tools"] = [{"type": "function", **one["function"]} for one in tools]
+    return body
+
+
+BODIES = {"chat": chat_bodies(), "completion": completion_bodies(), "responses": responses_bodies()}
+
+
+@pytest.mark.parametrize("kind", ["chat", "completion", "responses"])
+def test_vllms_prompt_count_never_exceeds_the_reservation(stack: Stack, kind: Kind) -> None:
+    counted: list[tuple[int, int]] = []
+
+    @settings(
+        max_examples=25,
+        deadline=None,
+        database=None,
+        derandomize=True,
+        suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+    )
+    @given(BODIES[kind])
+    def check(body: dict[str, Any]) -> None:
+        reserved = estimate(kind, body)
+        vllm = prompt_count(stack, kind, body)
+        if vllm is not None:
+            counted.append((vllm, reserved))
+            assert vllm <= reserved, (body, vllm, reserved)
+
+    check()
+    assert len(counted) >= 20, counted  # vLLM took nearly every generated body
+
+
+def test_ordinary_chat_is_reserved_within_three_times_vllms_count(stack: Stack) -> None:
+    # The byte bound is loose by construction (a Qwen token holds 1 to ~16 bytes); on
+    # ordinary chat it stays within 3x the engine's count plus the template's fixed part.
+    for turns in range(1, 6):
+        body = {
+            "model": MODEL,
+            "max_tokens": 1,
+            "messages": [
+                {
+                    "role": "user" if i % 2 == 0 else "assistant",
+                    "content": " ".join(SENTENCES[: i + 1]),
+                }
+                for i in range(turns)
+            ],
+        }
+        vllm = prompt_count(stack, "chat", body)
+        assert vllm is not None
+        assert vllm <= estimate("chat", body) <= 3 * vllm + 128
+
+
+def test_chat_template_kwargs_tools_count_against_the_minute(stack: Stack) -> None:
+    # Once reserved at 111 tokens while vLLM counted 757: a --tpm 1000 key was served 1,514
+    # tokens in its minute. The key here can afford one such request's reservation plus
+    # (almost) one more request's real cost: reserved at the old 111, six requests would
+    # have been served about five times vLLM's count, past the limit.
+    body = {
+        "model": MODEL,
+        "max_tokens": 1,
+        "messages": [{"role": "user", "content": "What is the weather in Paris?"}],
+        "chat_template_kwargs": {"tools": [WEATHER_TOOL] * 2},
+    }
+    direct = httpx.post(f"{stack.engine_url}/v1/chat/completions", json=body, timeout=120)
+    cost = direct.json()["usage"]["total_tokens"]
+    reserved = estimate("chat", body) + 1
+    assert cost < reserved
+    tpm = reserved + cost - 1
+    key_id, secret = create_key(stack, "template-tools", "--tpm", str(tpm))
+    served = 0
+    with httpx.Client(base_url=stack.gateway_url, timeout=120) as http:
+        for _ in range(6):
+            response = http.post(
+                "/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {secret}"}
+            )
+            if response.status_code == 200:
+                served += response.json()["usage"]["total_tokens"]
+            else:
+                assert response.status_code == 429, response.text
+    assert 0 < served <= tpm
+    eventually(lambda: idle(stack), budget_s=30)
+    assert charged(stack, key_id, "prompt") + charged(stack, key_id, "completion") == served
+
+
+def test_the_responses_api_is_metered_for_a_limited_key(stack: Stack) -> None:
+    key_id, secret = create_key(stack, "responses", "--tpm", "100000", "--rpm", "100")
+    openai_client = client(stack, secret)
+    raw = openai_client.responses.with_raw_response.create(
+        model=MODEL, input="Tell me about the weather.", max_output_tokens=8
+    )
+    first = raw.parse()
+    remaining = int(raw.headers["x-ratelimit-remaining-tokens"])
+    assert remaining < 100000
+    assert first.usage is not None and first.usage.output_tokens <= 8
+    usage_total = first.usage.input_tokens + first.usage.output_tokens
+
+    streamed = openai_client.responses.with_raw_response.create(
+        model=MODEL, input="Tell me a story.", max_output_tokens=8, stream=True,
+        instructions="Be brief.",
+    )  # fmt: skip
+    assert int(streamed.headers["x-ratelimit-remaining-tokens"]) < remaining
+    completed = None
+    deltas = 0
+    for event in streamed.parse():
+        if event.type == "response.output_text.delta":
+            deltas += 1
+        if event.type in ("response.completed", "response.incomplete"):
+            completed = event.response
+    assert completed is not None and completed.usage is not None and deltas >= 1
+    usage_total += completed.usage.input_tokens + completed.usage.output_tokens
+    eventually(lambda: idle(stack), budget_s=30)
+    assert charged(stack, key_id, "prompt") + charged(stack, key_id, "completion") == usage_total
+
+
+def test_health_answers_for_tools_that_probe_it(stack: Stack) -> None:
+    # guidellm validates a target with GET /health before it benchmarks through it.
+    response = httpx.get(f"{stack.gateway_url}/health", timeout=10)
+    assert (response.status_code, response.content) == (200, b"")
+
+
+def test_vllms_unmetered_routes_are_refused_for_the_dev_key_too(stack: Stack) -> None:
+    headers = {"Authorization": f"Bearer {stack.api_key}"}
+    body = {"model": MODEL, "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
+    with httpx.Client(base_url=stack.gateway_url, headers=headers, timeout=30) as http:
+        for path in ("/v1/messages", "/v1/chat/completions/batch", "/v1/load_lora_adapter"):
+            response = http.post(path, json=body)
+            assert response.status_code == 403, (path, response.text)
+            assert response.json()["error"]["code"] == "endpoint_not_allowed"
+        remote = {"type": "input_image", "image_url": "http://169.254.169.254/latest/x.png"}
+        response = http.post(
+            "/v1/responses",
+            json={"model": MODEL, "input": [{"role": "user", "content": [remote]}]},
+        )
+        assert response.status_code == 400
+        assert response.json()["error"]["param"].startswith("input[0].content[0]")
