@@ -7,16 +7,17 @@ Routes:
 - ``/readyz``   200 when an engine is in the rotation (the health monitor's last probe of
                 its ``/health`` passed), the shared quota store (Redis, when set) answers or
                 its failure policy is `local`, the keys kept in Redis (when set) have been
-                loaded once, and the gateway is not draining, else 503 (no auth; it never
+                loaded once, some key store loads (a broken keys file alone is not enough),
+                and the gateway is not draining, else 503 (no auth; it never
                 calls an engine or Redis itself);
 - ``/playground`` the chat page (`playground`; no auth: its API calls send the user's key);
 - ``/metrics``  Prometheus text format (no auth: scraped by Prometheus/Kubernetes; it holds
                 public key ids, never secrets);
-- ``/v1/...``   behind an API key. POST /v1/chat/completions and /v1/completions (with or
-                without one trailing slash, as vLLM matches them) are metered
-                (`completions`); other paths are forwarded as they are, except that a key
-                with limits or a model list may only use the metered paths and GET /v1/models;
-- anything else: 404 in OpenAI error shape.
+- every other path: the route table (`route_table`), the same for every key: the metered
+                routes (chat completions, completions, Responses: `completions`), the free
+                ones (the model list; tokenize when opted in) behind an API key, vLLM's
+                ``/health`` answered from the health monitor without one, and a 403 or 404
+                in OpenAI error shape for everything else, before anything reaches vLLM.
 
 Everything lives on the app object (no globals): key stores, quota engine, the router over
 the engines (`routing`), metrics registry.

@@ -52,11 +52,6 @@ class Principal:
         return not self.models or model in self.models
 
 
-def is_restricted(caller: Caller) -> bool:
-    """True for a key with any limit or model list: it may use only metered endpoints."""
-    return bool(caller.models or caller.model_limits) or caller.limits != NO_LIMITS
-
-
 class Authenticator(Protocol):
     def authenticate(self, authorization: bytes | None) -> Caller:
         """The caller named by an `Authorization` header value, or `AuthenticationError`."""

@@ -26,6 +26,7 @@ SERIES = (
     "gateway_quota_leases",
     "gateway_quota_store_up",
     "gateway_quota_store_errors_total",
+    "gateway_keys_file_up",
 )
 
 

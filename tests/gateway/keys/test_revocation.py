@@ -14,7 +14,10 @@ from serving.gateway.errors import AuthenticationError
 from serving.gateway.keys import FileKeyStore, SqliteKeyStore
 from serving.gateway.keys.credentials import hash_secret
 from serving.gateway.keys.file_store import render_keys_yaml
+from tests.gateway.conftest import GatewayFactory, eventually
 from tests.gateway.keys.test_file_store import make_record
+from tests.gateway.scrape import scrape, value
+from tests.gateway.servers import http_client
 
 
 def bearer(secret: str) -> bytes:
@@ -66,3 +69,26 @@ def test_readiness_fails_only_when_no_key_store_works(tmp_path: Path) -> None:
     assert KeyStoreAuthenticator([broken, FileKeyStore(other)]).unready_reason is None
     dev = StaticKeyAuthenticator([hash_secret("sk-dev-key")])
     assert KeyStoreAuthenticator([broken], dev=dev).unready_reason is None
+
+
+def test_a_gateway_whose_only_keys_file_breaks_refuses_its_keys_and_says_so(
+    make_gateway: GatewayFactory, tmp_path: Path
+) -> None:
+    record, secret = make_record("team-e")
+    path = tmp_path / "keys.yaml"
+    path.write_text(render_keys_yaml([dataclasses.replace(record, models=())]))
+    gateway = make_gateway(keys_file=str(path), api_keys=())
+    body = {"model": "fake", "messages": [{"role": "user", "content": "hi"}]}
+    with http_client(gateway.url, key=secret) as http:
+        assert http.post("/v1/chat/completions", json=body).status_code == 200
+        assert value(scrape(gateway), "gateway_keys_file_up") == 1
+        # A revocation written badly: the file no longer parses.
+        path.write_text(render_keys_yaml([record]).replace("revoked: false", "revoked: [true"))
+        assert eventually(lambda: value(scrape(gateway), "gateway_keys_file_up") == 0)
+        assert http.post("/v1/chat/completions", json=body).status_code == 401
+        ready = http.get("/readyz")
+        assert ready.status_code == 503 and "no key store loads" in ready.json()["reason"]
+        assert secret not in ready.text
+        path.write_text(render_keys_yaml([dataclasses.replace(record, models=())]))
+        assert eventually(lambda: value(scrape(gateway), "gateway_keys_file_up") == 1)
+        assert http.post("/v1/chat/completions", json=body).status_code == 200
