@@ -332,6 +332,25 @@ def test_upstream_400_passes_through_and_charges_no_tokens(
 # -- the client goes away ----------------------------------------------------------------
 
 
+def test_an_aborted_stream_with_n_choices_is_charged_its_prompt_not_its_other_choices(
+    keyed: GatewayServer, keys: SqliteKeyStore, upstream: FakeUpstream, token: str
+) -> None:
+    # n choices reserve (n - 1) x max_tokens beside the prompt; an abort once charged that
+    # part as prompt tokens. It is charged the prompt and the events relayed, as for n = 1.
+    key_id, secret = new_key(keys)
+    payload = body("gated", stream=True, n=3, max_tokens=50)
+    with (
+        http_client(keyed.url, key=secret) as http,
+        http.stream("POST", f"/v1/chat/completions?t={token}", json=payload) as response,
+    ):
+        next(response.iter_raw())
+    assert upstream.wait_for(f"{token}:cancelled", 2)
+    assert charged(keyed, key_id) == ESTIMATE + 1
+    samples = scrape(keyed)
+    prompt = value(samples, "gateway_tokens_total", key=key_id, model="other", kind="prompt")
+    assert prompt == ESTIMATE
+
+
 def test_client_disconnect_mid_stream_charges_what_was_relayed(
     keyed: GatewayServer, keys: SqliteKeyStore, upstream: FakeUpstream, token: str
 ) -> None:
