@@ -66,7 +66,7 @@ def test_a_bug_on_the_request_path_is_an_openai_500_counted_as_one(
     async def broken(*args: object) -> None:
         raise RuntimeError("a bug with a detail the client must not see")
 
-    gateway.app.completions.handle = broken  # type: ignore[method-assign]
+    gateway.app.completions.handle = broken  # type: ignore[method-assign,assignment]
     with http_client(gateway.url, key=TEST_KEY) as http:
         response = http.post("/v1/chat/completions", json={"model": "fake", "messages": MESSAGES})
     assert response.status_code == 500

@@ -42,8 +42,12 @@ def vllm_fields(kind: Kind) -> set[str]:
     from vllm.entrypoints.openai.completion.protocol import CompletionRequest
     from vllm.entrypoints.openai.responses.protocol import ResponsesRequest
 
-    models = {"chat": ChatCompletionRequest, "completion": CompletionRequest}
-    return set({**models, "responses": ResponsesRequest}[kind].model_fields)
+    models: dict[Kind, Any] = {
+        "chat": ChatCompletionRequest,
+        "completion": CompletionRequest,
+        "responses": ResponsesRequest,
+    }
+    return set(models[kind].model_fields)
 
 
 @pytest.mark.parametrize("kind", ["chat", "completion", "responses"])

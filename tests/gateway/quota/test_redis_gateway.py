@@ -145,7 +145,10 @@ def test_local_policy_serves_from_a_replicas_share_while_redis_is_black_holed(
     ],
 )
 def test_an_absurd_body_is_a_400_that_never_locks_its_key_out(
-    make_gateway: GatewayFactory, keys: SqliteKeyStore, redis_server: RedisServer, absurd: object
+    make_gateway: GatewayFactory,
+    keys: SqliteKeyStore,
+    redis_server: RedisServer,
+    absurd: dict[str, object],
 ) -> None:
     # `n: 10**19` once made the reserve script fail half-way: a 503, and the key's two
     # slots never came back (every later request a 429).
