@@ -87,7 +87,6 @@ from serving.gateway.route_table import (
     TOKENIZE_PATH,
     Route,
     RouteTable,
-    wrong_method,
 )
 from serving.gateway.routing import Engine, Router
 from serving.gateway.settings import GatewaySettings
@@ -384,8 +383,10 @@ class GatewayApp:
     async def _health(self, scope: Scope, send: Send, rid: bytes) -> None:
         """vLLM's `/health` as its probes expect it (200 with an empty body, 503 when no
         engine is healthy), answered from the health monitor's last probe like /readyz."""
-        if scope["method"] not in ("GET", "HEAD"):
-            await send_error(send, wrong_method(scope["method"], scope["path"]), request_id=rid)
+        try:
+            self.routes.lookup(scope["method"], scope["path"])  # its methods: GET and HEAD
+        except GatewayError as error:
+            await send_error(send, error, request_id=rid)
             return
         status = 200 if self.health.unready_reason is None else 503
         await send_bytes(send, status, b"", request_id=rid, content_type=b"application/json")

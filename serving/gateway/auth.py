@@ -111,10 +111,7 @@ class KeyStoreAuthenticator:
         token = parse_bearer(authorization)
         if token is not None and token.isascii():
             secret = token.decode("ascii")
-            if len(self._stores) == 1:
-                record = self._stores[0].authenticate(secret)
-            else:
-                record = authenticate_across(self._stores, secret)
+            record = authenticate_across(self._stores, secret)
             if record is not None:
                 return record
         found = self._dev.find(token) if self._dev is not None else None

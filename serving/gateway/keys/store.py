@@ -60,14 +60,7 @@ class WritableKeyStore(KeyStore, Protocol):
 
 def authenticate_with(store: KeyStore, secret: str) -> KeyRecord | None:
     """`authenticate` for any store that can `get` by public id."""
-    key_id = key_id_of(secret)
-    if key_id is None:
-        return None
-    record = store.get(key_id)
-    matches = secret_matches(secret, record.secret_sha256 if record else _NO_SUCH_HASH)
-    if record is None or not matches or record.revoked:
-        return None
-    return record
+    return authenticate_across((store,), secret)
 
 
 def authenticate_across(stores: Sequence[KeyStore], secret: str) -> KeyRecord | None:

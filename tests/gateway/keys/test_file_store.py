@@ -129,6 +129,12 @@ def test_reload_through_a_swapped_symlink_like_a_kubernetes_secret(tmp_path: Pat
     assert store.authenticate(secret) == record
 
 
+def break_keys_file(path: Path) -> None:
+    """An edit that does not parse, with a new mtime so a store checking now sees it."""
+    path.write_text("keys: [ {id: oops\n")
+    os.utime(path, ns=(0, 10**18))
+
+
 def test_a_broken_edit_refuses_every_key_until_the_file_loads_again(tmp_path: Path) -> None:
     # The edit may have been a revocation written badly: keeping the last good keys would
     # keep the revoked key working (fail open).
@@ -136,8 +142,7 @@ def test_a_broken_edit_refuses_every_key_until_the_file_loads_again(tmp_path: Pa
     path = tmp_path / "keys.yaml"
     path.write_text(render_keys_yaml([record]))
     store = FileKeyStore(path, check_interval=0)
-    path.write_text("keys: [ {id: oops\n")
-    os.utime(path, ns=(0, 10**18))
+    break_keys_file(path)
     assert not store.reload_if_changed()
     assert store.authenticate(secret) is None
     assert store.broken is not None and "not valid YAML/JSON" in store.broken

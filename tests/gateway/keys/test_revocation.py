@@ -4,7 +4,6 @@ and readiness fails only when no key store is left working."""
 from __future__ import annotations
 
 import dataclasses
-import os
 from pathlib import Path
 
 import pytest
@@ -15,7 +14,7 @@ from serving.gateway.keys import FileKeyStore, SqliteKeyStore
 from serving.gateway.keys.credentials import hash_secret
 from serving.gateway.keys.file_store import render_keys_yaml
 from tests.gateway.conftest import GatewayFactory, eventually
-from tests.gateway.keys.test_file_store import make_record
+from tests.gateway.keys.test_file_store import break_keys_file, make_record
 from tests.gateway.scrape import scrape, value
 from tests.gateway.servers import http_client
 
@@ -58,8 +57,7 @@ def test_readiness_fails_only_when_no_key_store_works(tmp_path: Path) -> None:
     path = tmp_path / "keys.yaml"
     path.write_text(render_keys_yaml([record]))
     broken = FileKeyStore(path, check_interval=0)
-    path.write_text("keys: [ {")
-    os.utime(path, ns=(0, 10**18))
+    break_keys_file(path)
     broken.reload_if_changed()
     assert broken.broken is not None
     alone = KeyStoreAuthenticator([broken])
