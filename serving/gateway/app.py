@@ -172,7 +172,7 @@ class GatewayApp:
             budget_flush_failures=journal.failures if journal is not None else lambda: 0,
             quota_store_up=(lambda: shared_quota.up) if shared_quota else lambda: True,
             quota_store_errors=(lambda: shared_quota.errors) if shared_quota else lambda: 0,
-            keys_file_up=self._keys_file_up,
+            keys_file_up=self._refresh_keys_file,
             engines=self.router.engines,
         )
         self.catalog = ModelCatalog()
@@ -206,11 +206,13 @@ class GatewayApp:
         self._closers.append(authenticator.close)
         return authenticator
 
-    def _keys_file_up(self) -> bool:
+    def _refresh_keys_file(self) -> bool:
+        """Re-read the keys file if it changed; whether it parses (True when there is none).
+        Scrapes and /readyz call it, so a broken edit shows even with no traffic."""
         keys_file = self.keys_file
         if keys_file is None:
             return True
-        keys_file.reload_if_changed()  # a scrape sees a broken edit even with no traffic
+        keys_file.reload_if_changed()
         return keys_file.broken is None
 
     async def _upkeep_leases(self) -> None:
@@ -401,7 +403,7 @@ class GatewayApp:
     async def _readyz(self, send: Send, rid: bytes) -> None:
         shared = self.shared_quota
         reason = "draining" if self.draining else self.health.unready_reason
-        self._keys_file_up()  # re-read a keys file that changed since the last request
+        self._refresh_keys_file()
         if reason is None and isinstance(self.authenticator, KeyStoreAuthenticator):
             reason = self.authenticator.unready_reason
         if reason is None and self.key_refresh is not None and not self.key_refresh.loaded:

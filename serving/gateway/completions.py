@@ -9,6 +9,8 @@ One handler reads like the request's life (DESIGN.md section 4):
               by the key's caps and the model's context window (400 if it can never fit)
     admit     reserve prompt estimate + max_tokens in every limit, or refuse (429) before
               anything reaches the upstream
+    check     what costs the event loop (schemas), only for an admitted request; a 400
+              here withdraws the reservation: nothing consumed, requests/min included
     forward   with the admitted max_tokens and, for streams, usage always asked for; the
               response is relayed as it arrives and read for usage on the way
     settle    exactly once, however it ended (in a `finally`):
@@ -45,6 +47,7 @@ from serving.gateway.metrics import RequestRecord
 from serving.gateway.openai_request import (
     CompletionRequest,
     Kind,
+    check_admitted,
     parse_completion_request,
     render_upstream_body,
 )
@@ -98,6 +101,13 @@ class Completions:
             record.refusal = decision.reason.value
             raise refusal_error(decision)
         lease = decision.lease
+
+        # check (after admission: a key at its limit never costs a schema compilation)
+        try:
+            check_admitted(parsed)
+        except InvalidRequestError:
+            await self._engine.withdraw(lease)
+            raise
 
         # forward (to the engine the router picks: with affinity, by the prompt's prefixes)
         strip = parsed.stream and not parsed.client_wants_usage and parsed.kind != "responses"

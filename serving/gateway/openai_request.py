@@ -6,7 +6,8 @@
 Parsing checks what admission needs (model, stream flags, max_tokens, how many choices), the
 prompt estimate (`prompt_estimate`, `responses_request`: an upper bound of the prompt's
 tokens) and the fields vLLM reads that no estimate can bound (`request_fields`: a 400 names
-them). Fields vLLM does not declare pass through: vLLM ignores them, so new OpenAI
+them). The checks too costly for a key at its limit (schemas) wait for admission:
+`check_admitted`. Fields vLLM does not declare pass through: vLLM ignores them, so new OpenAI
 parameters do not break clients. The multipliers of a reservation are bounded here, before
 any quota store sees them: `n` (and `best_of`) at `MAX_CHOICES`, as OpenAI bounds `n`, and
 max_tokens at `MAX_TOKENS_LIMIT`.
@@ -107,7 +108,6 @@ def parse_completion_request(
     prompts = 1
     if kind == "chat":
         n = _count(data, "n")
-        check_schemas(data)  # a schema vLLM's grammar would refuse without naming it
         estimate = longest = chat_prompt_estimate(data, images)
     elif kind == "responses":
         n = 1
@@ -135,6 +135,14 @@ def parse_completion_request(
         prompt_estimate=estimate,
         longest_prompt_estimate=longest,
     )
+
+
+def check_admitted(request: CompletionRequest) -> None:
+    """The checks too costly to run for a key at its limit, run once the request is admitted
+    (InvalidRequestError: the caller withdraws the reservation). Today: a chat request's
+    schemas, which vLLM's grammar would refuse without naming the field."""
+    if request.kind == "chat":
+        check_schemas(request.data)
 
 
 def check_tokenize_body(body: bytes, images: ImagePolicy) -> None:

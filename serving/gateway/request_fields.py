@@ -106,7 +106,7 @@ _SAMPLING = frozenset(
         "presence_penalty", "frequency_penalty", "repetition_penalty", "length_penalty",
         "logit_bias", "allowed_token_ids", "bad_words", "logprobs", "prompt_logprobs",
         "logprob_token_ids", "skip_special_tokens", "spaces_between_special_tokens",
-        "include_stop_str_in_output", "structured_outputs", "response_format", "user",
+        "include_stop_str_in_output", "structured_outputs", "user",
         "request_id", "session_id", "cache_salt", "vllm_xargs", "watermarking",
         "repetition_detection", "thinking_token_budget", "truncate_prompt_tokens",
         "truncation_side", "use_beam_search", "echo", "return_token_ids",
@@ -133,7 +133,8 @@ FREE: Final[dict[Kind, frozenset[str]]] = {
         "include_reasoning",
         "return_prompt_text",
     },
-    "completion": _SAMPLING | {"best_of"},
+    # A completion's response_format only shapes the output; chat counts it (COUNTED).
+    "completion": _SAMPLING | {"best_of", "response_format"},
     "responses": _RESPONSES_FREE,
 }
 

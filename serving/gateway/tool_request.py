@@ -1,5 +1,6 @@
-"""The JSON schemas of a chat request (tool parameters, `response_format`), checked before
-admission.
+"""The JSON schemas of a chat request (tool parameters, `response_format`), checked once the
+request is admitted (`openai_request.check_admitted`: compiling a schema is the costliest
+check, so a key at its limit gets its 429 without one; a 400 here withdraws the reservation).
 
 vLLM checks the shape of `tools` and `response_format` itself and names the field in its 400
 (`"param": "body.tools.0.function.name"`); the gateway relays those as vLLM wrote them, and

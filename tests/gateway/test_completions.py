@@ -175,6 +175,38 @@ def test_refused_for_concurrency_consumes_no_rpm_or_tpm(
     assert value(scrape(keyed), "gateway_quota_rejections_total", key=key_id, reason="concurrency")
 
 
+BAD_TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "objekt"}}}]
+
+
+def test_a_schema_refused_after_admission_consumes_nothing(
+    keyed: GatewayServer, keys: SqliteKeyStore, upstream: FakeUpstream, token: str
+) -> None:
+    """Schemas are checked after the reservation (they cost the event loop); a body they
+    refuse is withdrawn: its 400 leaves requests/min, tokens and the slot as they were."""
+    key_id, secret = new_key(keys, Limits(rpm=1, tpm=10_000, max_concurrency=1))
+    for _ in range(3):
+        refused = post(keyed, secret, body(tools=BAD_TOOLS), token)
+        assert refused.status_code == 400, refused.text
+        assert refused.json()["error"]["param"] == "tools[0].function.parameters"
+        assert key_usage(keyed, key_id) == (0, 0, 0, 0)
+    assert not upstream.received(token)
+    assert post(keyed, secret, body(), token).status_code == 200  # its one request a minute
+    assert settled(keyed)
+
+
+def test_a_key_at_its_limit_is_refused_before_its_schemas_are_checked(
+    keyed: GatewayServer, keys: SqliteKeyStore
+) -> None:
+    """Cheap checks first: a key that spent its requests/min gets its 429 without the
+    gateway compiling the schemas it sent."""
+    _, secret = new_key(keys, Limits(rpm=1))
+    assert post(keyed, secret, body()).status_code == 200
+    refused = post(keyed, secret, body(tools=BAD_TOOLS))
+    assert refused.status_code == 429, refused.text
+    assert refused.json()["error"]["type"] == "requests"
+    assert settled(keyed)
+
+
 def test_model_not_allowed_is_404_and_consumes_nothing(
     keyed: GatewayServer, keys: SqliteKeyStore
 ) -> None:

@@ -16,7 +16,7 @@ from serving.gateway.openai_request import (
     parse_completion_request,
     render_upstream_body,
 )
-from serving.gateway.request_fields import REFUSED, Kind, classified
+from serving.gateway.request_fields import COUNTED, FREE, REFUSED, Kind, classified
 
 TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
 RESPONSES_TOOL = {"type": "function", "name": "get_weather", "parameters": {"type": "object"}}
@@ -57,6 +57,9 @@ def test_every_field_vllm_reads_is_classified(kind: Kind) -> None:
     # What is classified beyond vLLM's fields: refusals shared by every route, best_of.
     extra = classified(kind) - vllm_fields(kind)
     assert extra <= {"best_of", "mm_processor_kwargs", "media_io_kwargs"}
+    # Each field has one class: counted, free or refused.
+    counted, free, refused = COUNTED[kind], FREE[kind], set(REFUSED[kind])
+    assert not counted & free and not counted & refused and not free & refused
 
 
 @pytest.mark.parametrize(

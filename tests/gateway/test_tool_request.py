@@ -1,4 +1,4 @@
-"""Tool and response schemas are checked before admission (400 naming the field), shapes are
+"""Tool and response schemas are checked once admitted (400 naming the field), shapes are
 left to vLLM, and the prompt estimate of a tool conversation bounds what the tiny model's real
 chat template renders (the "never over a limit" promise holds with tools)."""
 
@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from serving.gateway.errors import InvalidRequestError
-from serving.gateway.openai_request import parse_completion_request
+from serving.gateway.openai_request import check_admitted, parse_completion_request
 from serving.gateway.tool_request import check_schemas, schema_problem
 
 GOOD = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}}}
@@ -77,15 +77,20 @@ def test_the_draft_a_schema_names_is_the_one_checked() -> None:
     assert schema_problem(json.dumps({"maximum": 5, "exclusiveMaximum": True})) is not None
 
 
-def test_parse_checks_chat_schemas_only() -> None:
+def test_schemas_are_checked_after_admission_for_chat_only() -> None:
+    """Parsing (before the reservation) leaves schemas alone; `check_admitted` (after it)
+    refuses a chat body's bad one and leaves the other routes' bodies to vLLM."""
     bad = {
         "model": "m",
         "messages": [{"role": "user", "content": "hi"}],
         "tools": [tool({"type": 1})],
     }
+    parsed = parse_completion_request("chat", json.dumps(bad).encode())
     with pytest.raises(InvalidRequestError) as caught:
-        parse_completion_request("chat", json.dumps(bad).encode())
+        check_admitted(parsed)
     assert caught.value.param == "tools[0].function.parameters"
+    completion = {"model": "m", "prompt": "hi", "tools": [tool({"type": 1})]}
+    check_admitted(parse_completion_request("completion", json.dumps(completion).encode()))
 
 
 # --- the prompt estimate with tools, against the real template -----------------------------

@@ -47,6 +47,10 @@ class LeaseState(enum.Enum):
     SETTLED = "settled"
     ABORTED = "aborted"
     FAILED = "failed"
+    # Refused after admission, before anything reached the upstream (a check that runs
+    # after the reservation because it is expensive): nothing is consumed, the request
+    # itself included, so it leaves requests/min as a refusal before admission would.
+    WITHDRAWN = "withdrawn"
     EXPIRED = "expired"
 
 

@@ -6,6 +6,8 @@
         await engine.settle(lease, usage...)   response complete
         await engine.abort(lease, seen...)     client went away mid-way
         await engine.fail(lease)               upstream failed before producing anything
+    or, before anything was sent upstream:
+        await engine.withdraw(lease)           a check after admission refused the body
 
 The reservation is `prompt_estimate + max_tokens`. "Never over a limit" holds when that is
 an upper bound of what is then charged: vLLM never exceeds `max_tokens`, and the caller must
@@ -16,6 +18,9 @@ usage rather than disappearing.
 `fail` charges no tokens: the client got nothing, and a retry on another replica happens
 within the same lease. The request still counts against requests/min: it was admitted and
 did load the upstream, and refunding it would let a failing upstream be hammered past rpm.
+`withdraw` is for a request the gateway itself refused after admitting it (checks too
+expensive to run for a key at its limit run after the reservation): nothing reached the
+upstream, so nothing is consumed, requests/min included, as for a refusal before admission.
 """
 
 from __future__ import annotations
@@ -131,6 +136,11 @@ class QuotaEngine:
     async def fail(self, lease: Lease) -> bool:
         """The upstream produced nothing (error, reset, timeout before the first byte)."""
         return await self.store.finish(lease, LeaseState.FAILED, 0)
+
+    async def withdraw(self, lease: Lease) -> bool:
+        """The gateway refused the request after admitting it, before the upstream saw it:
+        free the slot and take back the whole reservation and the request."""
+        return await self.store.finish(lease, LeaseState.WITHDRAWN, 0)
 
     async def renew(self, lease: Lease) -> bool:
         """Keep a long stream's lease from expiring; False if it has already ended."""

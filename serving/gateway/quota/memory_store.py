@@ -211,6 +211,8 @@ class InMemoryQuotaStore:
         for scope in lease.scopes:
             counters = self._scopes[scope]
             counters.in_flight -= 1
+            if state is LeaseState.WITHDRAWN:
+                counters.requests.add(lease.bucket, -1)
             if delta:
                 counters.tokens.add(lease.bucket, delta)
                 counters.day.add(lease.day, delta)

@@ -238,16 +238,17 @@ class RedisQuotaStore:
     async def finish(self, lease: Lease, state: LeaseState, charged_tokens: int) -> bool:
         check_ending(state)
         lease_id = lease.lease_id
+        withdraw = state is LeaseState.WITHDRAWN
         if lease_id in self._queue:
             return False  # ended here already; the ending is on its way
         issued = self._held.get(lease_id)
         if issued is None:
             # Not issued here, or already seen ending: only Redis knows. Ask it now.
-            ending = Ending(lease_id, lease.key_id, charged_tokens, False, lease)
+            ending = Ending(lease_id, lease.key_id, charged_tokens, False, lease, withdraw)
             if not await self._run("settle", (), (), also=ending):
                 return False
         else:
-            self._queue.put(Ending(lease_id, lease.key_id, charged_tokens, False, issued))
+            self._queue.put(Ending(lease_id, lease.key_id, charged_tokens, False, issued, withdraw))
             issued.state, issued.charged_tokens = state, charged_tokens
         lease.state, lease.charged_tokens = state, charged_tokens
         return True
@@ -349,7 +350,7 @@ class RedisQuotaStore:
         keys += own_keys
         argv: list[Arg] = [*self._clock_args(), len(batch)]
         for ending in batch:
-            argv += (ending.lease_id, ending.charge, "1" if ending.cancel else "0")
+            argv += (ending.lease_id, ending.charge, _mode(ending))
         argv += args
         try:
             already, reply = await self._client.run_script(lua_script(name), keys, argv)
@@ -401,3 +402,9 @@ class RedisQuotaStore:
             lease = self._held.pop(flat[index], None)
             if lease is not None:
                 lease.state, lease.charged_tokens = LeaseState.EXPIRED, int(flat[index + 1])
+
+
+def _mode(ending: Ending) -> str:
+    """How the prelude of common.lua ends it: '1' cancel a lost reservation, '2' withdraw
+    (the request leaves requests/min too), '0' an ordinary ending."""
+    return "1" if ending.cancel else "2" if ending.withdraw else "0"

@@ -43,6 +43,8 @@ class Ending(NamedTuple):
     lease: Lease | None
     """The lease object to tell how it really ended, if Redis knew better (None for a
     cancelled reservation)."""
+    withdraw: bool = False
+    """Refused after admission (`LeaseState.WITHDRAWN`): the request leaves requests/min too."""
 
 
 class SettleQueue:

@@ -89,8 +89,9 @@ class QuotaStore(Protocol):
 
     async def finish(self, lease: Lease, state: LeaseState, charged_tokens: int) -> bool:
         """End the lease with this id: free its slot, replace its reservation by
-        `charged_tokens`. False (and nothing changes) if it had already ended or expired, as
-        far as this store knows (see the module docstring)."""
+        `charged_tokens`; a `WITHDRAWN` ending also takes the request out of requests/min.
+        False (and nothing changes) if it had already ended or expired, as far as this store
+        knows (see the module docstring)."""
         ...
 
     async def renew(self, lease: Lease, ttl: float) -> bool:

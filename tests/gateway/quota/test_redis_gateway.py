@@ -162,3 +162,21 @@ def test_an_absurd_body_is_a_400_that_never_locks_its_key_out(
         for _ in range(3):
             assert http.post("/v1/chat/completions", json=CHAT).status_code == 200
     assert eventually(lambda: settled(gateway))
+
+
+def test_a_body_withdrawn_after_admission_gives_back_its_request(
+    make_gateway: GatewayFactory, keys: SqliteKeyStore, redis_server: RedisServer
+) -> None:
+    """A schema refused after the reservation ends the lease as withdrawn in Redis too:
+    with rpm 1 the key still has its one request after three such 400s."""
+    gateway = redis_gateway(make_gateway, keys, redis_server, "closed")
+    record, secret = keys.create("withdrawn", limits=Limits(rpm=1, max_concurrency=1))
+    bad_tool = {"type": "function", "function": {"name": "f", "parameters": {"type": 1}}}
+    with http_client(gateway.url, key=secret) as http:
+        for _ in range(3):
+            refused = http.post("/v1/chat/completions", json={**CHAT, "tools": [bad_tool]})
+            assert refused.status_code == 400, refused.text
+        assert http.post("/v1/chat/completions", json=CHAT).status_code == 200
+        assert http.post("/v1/chat/completions", json=CHAT).status_code == 429
+    assert eventually(lambda: settled(gateway))
+    assert key_usage(gateway, record.key_id)[1] == 1

@@ -1,4 +1,4 @@
-"""Random interleavings of admit, settle, abort, fail, renew, expiry and time, checked
+"""Random interleavings of admit, settle, abort, fail, withdraw, renew, expiry and time, checked
 against an independent model of what each lease holds, over every store (`quota_store`: the
 in-memory one and the Redis one), so the two cannot drift apart.
 
@@ -91,6 +91,7 @@ class Admitted:
     charge: int  # what it holds: the reservation while active, the charge once ended
     expires_at: float
     endings: int = 0
+    counted: bool = True  # against requests/min: until withdrawn
 
 
 class QuotaMachine(RuleBasedStateMachine):
@@ -218,7 +219,7 @@ class QuotaMachine(RuleBasedStateMachine):
             tokens: dict[int, int] = {}
             for r in sorted(mine, key=lambda r: r.at):
                 if bucket_of(r.at) >= oldest_bucket:
-                    requests[bucket_of(r.at)] = requests.get(bucket_of(r.at), 0) + 1
+                    requests[bucket_of(r.at)] = requests.get(bucket_of(r.at), 0) + r.counted
                     tokens[bucket_of(r.at)] = tokens.get(bucket_of(r.at), 0) + r.charge
             states.append(
                 ScopeState(
@@ -258,6 +259,16 @@ class QuotaMachine(RuleBasedStateMachine):
     @rule(record=admissions)
     def fail(self, record: Admitted) -> None:
         self._ended(record, self.run(self.engine.fail(record.lease)), 0)
+
+    @rule(record=admissions)
+    def withdraw(self, record: Admitted) -> None:
+        """Refused after admission (a check run after the reservation): nothing consumed,
+        the request itself included."""
+        applied = self.run(self.engine.withdraw(record.lease))
+        self._ended(record, applied, 0)
+        if applied:
+            record.counted = False
+            assert record.lease.state is LeaseState.WITHDRAWN
 
     @rule(record=admissions)
     def renew(self, record: Admitted) -> None:
@@ -303,7 +314,7 @@ class QuotaMachine(RuleBasedStateMachine):
                 # last admission, so checking those intervals checks all of them.
                 inside = [r for r in mine if last.at - 60 <= r.at <= last.at]
                 if limits.rpm is not None:
-                    assert len(inside) <= limits.rpm
+                    assert sum(r.counted for r in inside) <= limits.rpm
                 if limits.tpm is not None:
                     assert sum(r.charge for r in inside) <= limits.tpm
 
@@ -326,7 +337,7 @@ class QuotaMachine(RuleBasedStateMachine):
             mine = [r for r in self.records if scope in r.scopes]
             in_window = [r for r in mine if math.floor(r.at) >= oldest_bucket]
             usage = self.run(self.store.usage(scope))
-            assert usage.requests_in_window == len(in_window)
+            assert usage.requests_in_window == sum(r.counted for r in in_window)
             assert usage.tokens_in_window == sum(r.charge for r in in_window)
             assert usage.tokens_today == sum(r.charge for r in mine if r.day == utc_day(wall))
             assert usage.tokens_this_month == sum(

@@ -203,14 +203,17 @@ end
 
 -- End lease `id` (its record `rec`) of the key id with prefix `p`: free its slot in each of
 -- its scopes and replace its reservation by `charge` in the bucket, day and month it was
--- booked in.
-local function lease_end(p, id, rec, charge, bucket)
+-- booked in; `withdraw`: the request also leaves the requests window (LeaseState.WITHDRAWN).
+local function lease_end(p, id, rec, charge, bucket, withdraw)
   redis.call('HDEL', p .. 'leases', id)
   redis.call('ZREM', p .. 'expiry', id)
   local delta = charge - (rec.p + rec.x)
   for _, scope in ipairs(rec.s) do
     local base = p .. scope
     redis.call('HINCRBY', base .. ':n', 'f', -1)
+    if withdraw then
+      window_correct(base .. ':req', rec.b, bucket, -1)
+    end
     if delta ~= 0 then
       window_correct(base .. ':tok', rec.b, bucket, delta)
       local current = redis.call('HMGET', base .. ':n', 'd', 'm')
@@ -231,7 +234,7 @@ local function reclaim(p, now, bucket, limit)
     if raw then
       local rec = cjson.decode(raw)
       local charge = rec.p + rec.x
-      lease_end(p, id, rec, charge, bucket)
+      lease_end(p, id, rec, charge, bucket, false)
       tombstone(p, id, 'expired:' .. charge, now)
       reclaimed[#reclaimed + 1] = id
       reclaimed[#reclaimed + 1] = charge
@@ -259,8 +262,8 @@ end
 -- for the next one. Each ending happens at most once: a lease that had ended already
 -- (expired, ended by another call) is left alone and reported.
 -- ARGV: now, wall ('' '': Redis's TIME), the number of endings n, then per ending: lease
--- id, charged tokens, cancel ('1': a reservation whose answer was lost; if it never arrived,
--- make sure it never books anything). KEYS[i] is ending i's lease hash. The operation's own
+-- id, charged tokens, mode ('1' cancel: a reservation whose answer was lost; if it never
+-- arrived, make sure it never books anything; '2' withdraw: see lease_end; '0' neither). KEYS[i] is ending i's lease hash. The operation's own
 -- arguments follow (`arg(1)`, ...), and its own keys (`own_key(1)`, ...).
 local now, wall = clock(ARGV[1], ARGV[2])
 local ENDINGS = tonumber(ARGV[3])
@@ -274,7 +277,8 @@ for i = 1, ENDINGS do
   local id = ARGV[at + 1]
   local raw = redis.call('HGET', p .. 'leases', id)
   if raw then
-    lease_end(p, id, cjson.decode(raw), tonumber(ARGV[at + 2]), math.floor(now))
+    lease_end(p, id, cjson.decode(raw), tonumber(ARGV[at + 2]), math.floor(now),
+      ARGV[at + 3] == '2')
   else
     local ending = redis.call('HGET', p .. 'ended', id)
     if not ending and ARGV[at + 3] == '1' then
