@@ -53,7 +53,7 @@ from serving.gateway.openai_request import (
 )
 from serving.gateway.proxy import Proxy, ProxyOutcome, ProxyRequest
 from serving.gateway.quota import Admission, Lease, QuotaEngine, Refusal, rate_limit_raw_headers
-from serving.gateway.quota.limits import scoped_limits
+from serving.gateway.quota.engine import BeyondContext
 from serving.gateway.routing import prefix_hashes, prompt_text
 from serving.gateway.types import Receive, Send
 from serving.gateway.usage import ResponseMeter
@@ -87,16 +87,20 @@ class Completions:
         record.model = self._catalog.label(parsed.model)
         if not caller.allows_model(parsed.model):
             raise ModelNotFoundError(parsed.model)
-        scopes = scoped_limits(caller, parsed.model)
-        window = self._catalog.context_window(parsed.model)
-        max_tokens = self._engine.allowed_max_tokens(
-            scopes, parsed.requested_max_tokens, parsed.longest_prompt_estimate, window
-        )
-        _check_window(parsed, max_tokens, window)
 
-        # admit: n choices (or a batch of prompts) each generate up to max_tokens
-        reserved_prompt = parsed.prompt_estimate + (parsed.choices - 1) * max_tokens
-        decision = await self._engine.reserve(scopes, reserved_prompt, max_tokens)
+        # admit: one reservation for all n choices (or a batch's prompts)
+        try:
+            decision = await self._engine.admit(
+                caller,
+                parsed.model,
+                parsed.prompt_estimate,
+                parsed.requested_max_tokens,
+                context_window=self._catalog.context_window(parsed.model),
+                choices=parsed.choices,
+                longest_prompt_estimate=parsed.longest_prompt_estimate,
+            )
+        except BeyondContext as exc:
+            raise _beyond_context(parsed, exc) from None
         if isinstance(decision, Refusal):
             record.refusal = decision.reason.value
             raise refusal_error(decision)
@@ -120,7 +124,7 @@ class Completions:
             request.method,
             request.target,
             request.headers,
-            render_upstream_body(parsed, max_tokens=max_tokens),
+            render_upstream_body(parsed, max_tokens=decision.max_tokens),
             request.request_id,
             response_headers=rate_limit_raw_headers(decision.rate_limit),
             meter=meter,
@@ -204,14 +208,12 @@ def _record_outcome(
     record.completion_tokens = charged - record.prompt_tokens
 
 
-def _check_window(parsed: CompletionRequest, max_tokens: int, window: int | None) -> None:
+def _beyond_context(parsed: CompletionRequest, exc: BeyondContext) -> InvalidRequestError:
     """A client's max_tokens (after the key's cap) beyond the model's context can never be
-    served: 400 before any quota. (An implied max_tokens is fitted to the window.)"""
-    if window is None or parsed.requested_max_tokens is None or max_tokens <= window:
-        return
+    served: 400 before any quota, in OpenAI's words. (An implied max_tokens is fitted.)"""
     param = parsed.max_tokens_field
-    raise InvalidRequestError(
-        f"{param} is too large: {parsed.requested_max_tokens}. This model's maximum context "
-        f"length is {window} tokens.",
+    return InvalidRequestError(
+        f"{param} is too large: {exc.requested}. This model's maximum context "
+        f"length is {exc.context_window} tokens.",
         param=param,
     )

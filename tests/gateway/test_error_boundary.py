@@ -16,9 +16,9 @@ from tests.gateway.servers import TEST_KEY, http_client
 MESSAGES = [{"role": "user", "content": "hi"}]
 
 
-def requests_with_status(samples: Any, status: str) -> float:
-    # Refused while parsing, before the model is known.
-    return value(samples, "gateway_requests_total", key="dev", model=NONE, status=status)
+def requests_with_status(samples: Any, status: str, model: str = NONE) -> float:
+    # NONE: refused while parsing, before the model is known.
+    return value(samples, "gateway_requests_total", key="dev", model=model, status=status)
 
 
 @pytest.mark.parametrize(
@@ -45,8 +45,9 @@ def test_schemas_no_grammar_can_be_built_from_are_400s_counted_as_such(
     assert response.json()["error"]["param"] == "response_format.json_schema.schema"
     assert upstream.requests_seen() == before
     samples = scrape(gateway)
-    assert requests_with_status(samples, "400") == 1
-    assert requests_with_status(samples, "499") == 0
+    # Schemas are checked once admitted, so the model is known by then.
+    assert requests_with_status(samples, "400", "fake") == 1
+    assert requests_with_status(samples, "499", "fake") == 0
 
 
 def test_a_recursive_schema_that_reaches_a_type_is_accepted(make_gateway: GatewayFactory) -> None:

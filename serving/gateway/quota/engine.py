@@ -1,6 +1,7 @@
 """Reserve, then settle (DESIGN.md section 4), on top of any `QuotaStore`.
 
-    admission = await engine.admit(key, model, prompt_estimate, requested_max_tokens)
+    admission = await engine.admit(key, model, prompt_estimate, requested_max_tokens,
+                                   context_window=window, choices=n)
     if isinstance(admission, Refusal): answer 429
     send upstream with max_tokens=admission.max_tokens, then exactly one of:
         await engine.settle(lease, usage...)   response complete
@@ -37,6 +38,15 @@ DEFAULT_MAX_TOKENS = 4096
 DEFAULT_LEASE_TTL = 600.0
 
 
+class BeyondContext(ValueError):
+    """A client's max_tokens (after its key's cap) that the model's context can never hold."""
+
+    def __init__(self, requested: int, context_window: int) -> None:
+        super().__init__(f"max_tokens {requested} exceeds the context window {context_window}")
+        self.requested = requested
+        self.context_window = context_window
+
+
 class QuotaEngine:
     """Usage: `QuotaEngine(InMemoryQuotaStore(), default_max_tokens=2048)`."""
 
@@ -61,19 +71,32 @@ class QuotaEngine:
         requested_max_tokens: int | None,
         *,
         context_window: int | None = None,
+        choices: int = 1,
+        longest_prompt_estimate: int | None = None,
     ) -> Admission | Refusal:
         """Reserve for one request of `key` to `model`, or refuse without consuming anything:
-        `allowed_max_tokens` then `reserve`.
+        `allowed_max_tokens` then `reserve`. The one admission call of the metered routes.
 
         `requested_max_tokens` must be a valid client value (None: the client sent none).
         `context_window`, the model's max_model_len, keeps an implied max_tokens from
-        exceeding what the model can generate after the prompt.
+        exceeding what the model can generate after the prompt; a client's max_tokens (after
+        the key's cap) beyond it can never be served: `BeyondContext`, before anything is
+        reserved. `choices` sequences (n, or a batch of prompts) each generate up to
+        max_tokens, so the reservation is the prompt estimate plus `choices` x max_tokens;
+        `longest_prompt_estimate` (default: the whole estimate) is the longest single prompt,
+        which is what the context window has to hold beside max_tokens.
         """
         scopes = scoped_limits(key, model)
-        max_tokens = self.allowed_max_tokens(
-            scopes, requested_max_tokens, prompt_tokens_estimate, context_window
-        )
-        return await self.reserve(scopes, prompt_tokens_estimate, max_tokens)
+        longest = longest_prompt_estimate
+        if longest is None:
+            longest = prompt_tokens_estimate
+        max_tokens = self.allowed_max_tokens(scopes, requested_max_tokens, longest, context_window)
+        window = context_window
+        if requested_max_tokens is not None and window is not None and max_tokens > window:
+            raise BeyondContext(requested_max_tokens, window)
+        # The other choices' completions are booked with the prompt: one reservation.
+        reserved_prompt = prompt_tokens_estimate + (choices - 1) * max_tokens
+        return await self.reserve(scopes, reserved_prompt, max_tokens)
 
     async def reserve(
         self, scopes: tuple[ScopedLimits, ...], prompt_tokens_estimate: int, max_tokens: int

@@ -19,6 +19,7 @@ from serving.gateway.quota import (
     Scope,
     ScopeUsage,
 )
+from serving.gateway.quota.engine import BeyondContext
 from tests.gateway.quota.running import run_async
 from tests.gateway.quota.subjects import Subject, utc
 
@@ -393,3 +394,30 @@ async def test_burst_against_requests_per_minute_admits_exactly_the_limit() -> N
     key = Subject("key_a", Limits(rpm=25))
     outcomes = [await engine.admit(key, "m", 1, 1) for _ in range(40)]
     assert sum(isinstance(outcome, Admission) for outcome in outcomes) == 25
+
+
+@run_async
+async def test_n_choices_are_one_reservation_of_the_prompt_and_n_completions() -> None:
+    engine, _ = make_engine()
+    key = Subject("key_a", Limits(tpm=1000, max_tokens=100))
+    admission = admitted(await engine.admit(key, "m", 40, 500, choices=3))
+    assert admission.max_tokens == 100  # the key's cap, for each choice
+    assert admission.lease.prompt_estimate == 40 + 2 * 100
+    assert await engine.store.usage(KEY) == ScopeUsage(1, 1, 340, 340, 340)
+    assert refused(await engine.admit(key, "m", 40, 100, choices=7)).reason is RefusalReason.TPM
+
+
+@run_async
+async def test_a_max_tokens_the_context_cannot_hold_is_refused_before_reserving() -> None:
+    engine, _ = make_engine()
+    key = Subject("key_a", Limits(rpm=5, max_tokens=10_000))
+    with pytest.raises(BeyondContext) as caught:
+        await engine.admit(key, "m", 40, 5000, context_window=4096)
+    assert (caught.value.requested, caught.value.context_window) == (5000, 4096)
+    assert await engine.store.usage(KEY) == ScopeUsage(0, 0, 0, 0, 0)
+    # Capped by the key below the window, or implied: fitted, never refused.
+    capped = Subject("key_a", Limits(max_tokens=1000))
+    fitted = admitted(await engine.admit(capped, "m", 40, 5000, context_window=4096))
+    assert fitted.max_tokens == 1000
+    implied = admitted(await engine.admit(key, "m", 40, None, context_window=4096))
+    assert implied.max_tokens == 4096 - 40
