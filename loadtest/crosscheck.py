@@ -166,7 +166,7 @@ def our_round(
             api_key=api_key,
             scrape_interval_s=CPU_INTERVAL_S,
             # One Locust sample per token costs CPU the engine could use; the records keep
-            # every gap anyway (measured: see the README's cross-check section).
+            # every gap anyway (measured: see docs/load-testing.md, cross-check).
             itl_events=False,
             max_requests=num_prompts,
             ordered=True,

@@ -46,7 +46,7 @@ def result_dict(result: MemoryResult) -> dict[str, Any]:
 
 
 def step_rows(steps: list[Step]) -> list[list[str]]:
-    """Plan vs measured, one row per step (also the README's table)."""
+    """Plan vs measured, one row per step (also docs/load-testing.md's table)."""
     return [
         [
             str(s.users),
@@ -81,7 +81,7 @@ STEP_HEADERS = [
 
 
 def markdown_table(result: MemoryResult) -> str:
-    """The step table as Markdown (printed by the command, pasted into the README)."""
+    """The step table as Markdown (printed by the command, pasted into docs/load-testing.md)."""
     rows = [STEP_HEADERS, *step_rows(result.steps)]
     lines = ["| " + " | ".join(row) + " |" for row in rows]
     lines.insert(1, "|" + "---|" * len(STEP_HEADERS))

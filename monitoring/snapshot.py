@@ -6,7 +6,7 @@ For each dashboard in monitoring/grafana/dashboards, the panels named in MAIN_PA
 queried over the range (their own PromQL, variables as `.*`, `$__rate_interval` as
 RATE_INTERVAL) and drawn as an HTML page of inline SVG line charts (loadtest/svg.py) plus one
 card for the stat panels; headless Chromium turns the page into DIR/<dashboard>.png. No
-Grafana needed: the README's Monitoring section shows what the dashboards look like from the
+Grafana needed: docs/monitoring.md shows what the dashboards look like from the
 live integration test's Prometheus (tests/integration/test_monitoring_live.py writes them
 to docs/monitoring/ when SERVING_WRITE_DOCS=1).
 """

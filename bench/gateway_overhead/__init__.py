@@ -1,7 +1,8 @@
 """How much the gateway costs: the same load direct, through a minimal passthrough, through
 `serving gateway` (quotas in-process, and in Redis with `--redis-url`) and through LiteLLM's
-proxy, side by side in one run (DESIGN.md section 8; the Redis store's share of the
-in-process store's requests/s and its Redis commands per request: the scale-out issue).
+proxy, side by side in one run (docs/architecture.md, performance targets; the Redis
+store's share of the in-process store's requests/s and its Redis commands per request: the
+scale-out issue).
 
     python -m bench.gateway_overhead            # full run, ~4 min; results in bench/results/
     python -m bench.gateway_overhead --quick    # under a minute, for tests

@@ -4,8 +4,8 @@
 
 A plain ASGI app on uvicorn (uvloop, httptools) forwarding every request to the upstream with
 one pooled aiohttp session and relaying the response chunk by chunk: no auth, no quota, no
-metrics, no error mapping. DESIGN.md section 8 calls it "plain ASGI app on uvicorn + aiohttp
-client"; the gateway's throughput targets are shares of this one's, measured in the same run.
+metrics, no error mapping. The gateway's throughput targets (docs/architecture.md,
+performance targets) are shares of this one's, measured in the same run.
 """
 
 from __future__ import annotations

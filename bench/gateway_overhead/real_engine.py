@@ -6,7 +6,8 @@
 Nothing is started here: the engine and the gateway are the caller's (the gateway pointed at
 that engine). Short chats with `max_tokens` 16 and vLLM's `ignore_eos`, so every response
 has exactly 16 tokens on both paths; the two paths are measured interleaved, and the report
-gives the gateway's throughput as a share of direct (DESIGN.md section 8: >= 98%).
+gives the gateway's throughput as a share of direct (docs/architecture.md, performance
+targets: >= 98%).
 """
 
 from __future__ import annotations

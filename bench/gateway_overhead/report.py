@@ -1,4 +1,5 @@
-"""Medians, ratios, DESIGN.md section 8 targets, and the table: printed and written.
+"""Medians, ratios, the targets (docs/architecture.md, performance targets), and the table:
+printed and written.
 
 summary = summarise(samples)                 # per path: medians over the runs
 results = local_results(paths, samples, ...) # the JSON document
@@ -20,7 +21,7 @@ from bench.gateway_overhead.runner import JSON, LATENCY, STREAM
 
 Json = dict[str, object]
 
-# DESIGN.md section 8.
+# docs/architecture.md, performance targets.
 MAX_ADDED_P50_MS = 1.0
 MAX_ADDED_P99_MS = 3.0
 MIN_SHARE_OF_PASSTHROUGH = 0.85

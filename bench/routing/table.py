@@ -2,7 +2,7 @@
 
     print(markdown(doc))
 
-Two tables a README can quote: the overhead of each path in front of fast upstreams, and
+Two tables docs/benchmarks.md quotes: the overhead of each path in front of fast upstreams, and
 vLLM's prefix cache hit rate per path on two real engines; then the comparisons the choice
 between vllm-router and routing in the gateway rests on.
 """

@@ -3,7 +3,7 @@ to bottom.
 
     await completions.handle("chat", caller, request, receive, send, record)
 
-One handler reads like the request's life (DESIGN.md section 4):
+One handler reads like the request's life (docs/architecture.md, the request path):
 
     parse     the body (400s), the model checked against the key (404), max_tokens allowed
               by the key's caps and the model's context window (400 if it can never fit)

@@ -1,6 +1,6 @@
 """Gateway errors as values with an HTTP status and an OpenAI-shaped body.
 
-Every failure the gateway reports is one of these (DESIGN.md section 5):
+Every failure the gateway reports is one of these (docs/architecture.md, errors and metrics):
 
     GatewayError                      (base: status, type, code, param, headers)
     ├── InvalidRequestError           400 invalid_request_error / None, `param` names the field

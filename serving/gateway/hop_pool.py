@@ -9,8 +9,9 @@
         response.close()       # back to the pool when read to its end, else closed
     await pool.close()
 
-Why not aiohttp: DESIGN.md section 8 picked it as the cheap general client, and it was
-still the largest share of the gateway's CPU; this hop needs far less (one upstream,
+Why not aiohttp: the calibration (docs/architecture.md, performance targets) picked it as
+the cheap general client, and it was still the largest share of the gateway's CPU; this hop
+needs far less (one upstream,
 bytes passed through, no cookies, redirects, decompression or default headers), so the
 request path runs on `hop_connection`'s Protocol and httptools' C parser.
 

@@ -1,4 +1,5 @@
-"""The gateway's Prometheus metrics (DESIGN.md section 6), one registry per app.
+"""The gateway's Prometheus metrics (docs/architecture.md, errors and metrics), one registry
+per app.
 
     metrics = GatewayMetrics(leases=store.active_leases)
     record = RequestRecord(started=time.perf_counter())   # filled in while handling

@@ -27,7 +27,7 @@ def value(samples: Samples, name: str, **labels: str) -> float:
 
 
 def idle(gateway: GatewayServer) -> bool:
-    """No request in flight and no quota lease held (DESIGN.md case 18)."""
+    """No request in flight and no quota lease held (docs/architecture.md, reliability case 18)."""
     samples = scrape(gateway)
     return (
         value(samples, "gateway_in_flight_requests") == 0

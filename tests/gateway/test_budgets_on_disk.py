@@ -1,5 +1,5 @@
-"""Day and month budgets in keys.db with real `serving gateway` processes (DESIGN.md section 4:
-"spending is recorded so that concurrent writers add up").
+"""Day and month budgets in keys.db with real `serving gateway` processes
+(docs/architecture.md, quota semantics: "spending is recorded so that concurrent writers add up").
 
 Two gateways share one keys.db and serve one key at the same time: after both stop, its rows
 hold the sum of the usage both reported, and a third gateway starts from that sum. A gateway

@@ -1,7 +1,7 @@
 """Metered requests end to end over real sockets: admit, rewrite, relay, settle exactly once.
 
-DESIGN.md section 7 cases 3, 7, 8, 9, 10 and 18 (every test ends with the gateway idle: no
-request in flight, no lease held), plus what the upstream receives and what is charged.
+docs/architecture.md, reliability cases 3, 7, 8, 9, 10 and 18 (every test ends with the gateway
+idle: no request in flight, no lease held), plus what the upstream receives and what is charged.
 """
 
 from __future__ import annotations

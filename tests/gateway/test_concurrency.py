@@ -1,4 +1,4 @@
-"""Limits under real concurrency (DESIGN.md section 7 cases 1 and 2, one gateway)."""
+"""Limits under real concurrency (docs/architecture.md, reliability cases 1 and 2, one gateway)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Hostile clients (DESIGN.md section 7 case 16) and the gateway idle after any mix.
+"""Hostile clients (docs/architecture.md, reliability case 16) and the gateway idle after any mix.
 
 Oversized and deeply nested requests are answered 413/400 before any quota is touched (slow
 clients and shutting down: `test_server`).

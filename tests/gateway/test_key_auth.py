@@ -1,4 +1,4 @@
-"""Keys from the stores in a running gateway (DESIGN.md section 7 case 17).
+"""Keys from the stores in a running gateway (docs/architecture.md, reliability case 17).
 
 Missing, malformed, wrong-scheme, unknown, wrong-secret and revoked keys get byte-identical
 401s; a revocation by `serving keys revoke` takes effect at once; no secret reaches a log line

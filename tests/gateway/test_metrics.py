@@ -1,4 +1,5 @@
-"""/metrics: the gateway_* series of DESIGN.md section 6, one registry per app."""
+"""/metrics: the gateway_* series (docs/architecture.md, errors and metrics), one registry
+per app."""
 
 from __future__ import annotations
 

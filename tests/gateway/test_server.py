@@ -1,4 +1,5 @@
-"""The HTTP server: read deadlines and the drain (DESIGN.md section 7 cases 12 and 16).
+"""The HTTP server: read deadlines and the drain (docs/architecture.md, reliability cases 12
+and 16).
 
 Slow-header and slow-body requests get 408 before any quota is touched; on SIGTERM readiness
 fails first and in-flight streams finish.

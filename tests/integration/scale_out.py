@@ -174,7 +174,8 @@ class Gateway:
         ]
 
     def idle(self) -> bool:
-        """No request in flight and no quota lease held (DESIGN.md case 18)."""
+        """No request in flight and no quota lease held (docs/architecture.md, reliability
+        case 18)."""
         samples = self.metrics()
         return (
             samples.get(("gateway_in_flight_requests", frozenset()), 0.0) == 0
@@ -371,8 +372,8 @@ class Topology:
 
 
 def wait_idle(gateway: Gateway, *, engines: bool = False) -> None:
-    """Until the gateway holds nothing (DESIGN.md case 18), and with `engines` has nothing
-    on any engine either; says what it still holds if not."""
+    """Until the gateway holds nothing (docs/architecture.md, reliability case 18), and with
+    `engines` has nothing on any engine either; says what it still holds if not."""
     try:
         eventually(lambda: gateway.idle() and (not engines or gateway.engine_gauges() == [0, 0]))
     except AssertionError as exc:

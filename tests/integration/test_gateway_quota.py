@@ -1,5 +1,5 @@
-"""Quotas and keys against real vLLM on the tiny model (DESIGN.md section 7 cases 4, 5, 14,
-15, 17 and 18).
+"""Quotas and keys against real vLLM on the tiny model (docs/architecture.md,
+reliability cases 4, 5, 14, 15, 17 and 18).
 
 Keys are created the way an operator does, with `serving keys create --store` on the key
 store the stack's gateway reads; charges are read back from the gateway's /metrics

@@ -86,7 +86,7 @@ def local_path(path: str, mounts: dict[str, Path]) -> Path:
 
 
 def create_key(rpm: int) -> tuple[str, str]:
-    """`serving keys create --emit-yaml` as the README runs it: (keys.yaml text, secret)."""
+    """`serving keys create --emit-yaml` as k8s/README.md runs it: (keys.yaml text, secret)."""
     done = subprocess.run(
         [sys.executable, "-m", "serving.cli", "keys", "create", "--name", "k8s-demo",
          "--rpm", str(rpm), "--emit-yaml"],

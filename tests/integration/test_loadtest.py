@@ -85,7 +85,7 @@ def test_locust_run_through_the_gateway_matches_the_engine_counters(
 # client's middle rounds spread wider than 10%) the claim itself: within 10%. Five rounds of
 # 64 prompts a client (about 15 s a round on the AVX2 2-core machine, 3 minutes in all): with
 # five, one round moved by the machine is left out of the spread and cannot move the median
-# (README, cross-check section); there, every run was quiet and agreed within 6%. On a 2-core
+# (docs/load-testing.md, cross-check); there, every run was quiet and agreed within 6%. On a 2-core
 # machine whose engine ran 2.5x faster, its API server and the clients competed for the cores
 # and every run was INCONCLUSIVE (middle rounds spread 24-56%), so there only what no run
 # moved is held: the throughput ratio (0.79-0.96) and the engine's own mean TTFT under each

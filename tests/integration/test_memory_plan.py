@@ -15,7 +15,8 @@ Not held: the *median* KV usage of each step. vLLM updates its gauges once per e
 after it, and on this CPU the step that prefills a newly admitted prompt is much longer than
 a decode step, so the gauges show the state before an admission (one sequence fewer) for a
 good part of the time: medians sat a sequence below the plan at 5 or 6 users in two of
-three runs. Measured (README): waiting from 5 users, plateau 88.9% = the plan, 0 preempted.
+three runs. Measured (docs/load-testing.md): waiting from 5 users, plateau 88.9% = the plan,
+0 preempted.
 """
 
 from __future__ import annotations

@@ -13,10 +13,10 @@ Once Prometheus holds the counters as they stand after the traffic, every dashbo
 query, every dashboard variable's selector and every recording rule (its expression and the
 series it records) must return series through /api/v1/query, and every metric name used under
 monitoring/ must be in the scrape. The main panels are drawn to PNG (monitoring/snapshot.py):
-into docs/monitoring/ with SERVING_WRITE_DOCS=1 (the README's pictures), else into the
+into docs/monitoring/ with SERVING_WRITE_DOCS=1 (docs/monitoring.md's pictures), else into the
 test's tmp dir.
 
-Waits are on conditions with generous budgets (DESIGN.md section 3: this machine sometimes
+Waits are on conditions with generous budgets (a loaded 2-core machine sometimes
 schedules nothing for seconds), never on a scrape landing inside a window.
 """
 
@@ -421,4 +421,4 @@ def test_the_main_panels_render_to_png(live: Live, tmp_path: Path) -> None:
         assert html.count("<svg") >= 3 and html.count('class="series"') >= 3
     if write_docs:
         for path in written:
-            path.with_suffix(".html").unlink()  # the README shows the PNGs only
+            path.with_suffix(".html").unlink()  # docs/monitoring.md shows the PNGs only

@@ -35,8 +35,9 @@ from tests.integration.test_gateway_quota import create_key
 
 pytestmark = pytest.mark.timeout(900)
 
-# The README's picture; the test writes it only when asked (SERVING_UPDATE_SCREENSHOTS=1), so
-# that a test run leaves the checkout as it was (its numbers differ every run).
+# docs/playground.md's picture; the test writes it only when asked
+# (SERVING_UPDATE_SCREENSHOTS=1), so that a test run leaves the checkout as it was (its numbers
+# differ every run).
 SCREENSHOT = REPO / "docs" / "images" / "playground.png"
 CHAT = "**/v1/chat/completions"
 # Counts each time the text of the last answer changes, with the answer's state then.

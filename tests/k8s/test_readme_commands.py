@@ -1,6 +1,6 @@
-"""The READMEs' Kubernetes commands that need no cluster, run as printed.
+"""The docs' Kubernetes commands that need no cluster, run as printed.
 
-- README.md's Kubernetes block: each `.venv/bin/serving k8s ...` line (the render to stdout,
+- docs/kubernetes.md's block: each `.venv/bin/serving k8s ...` line (the render to stdout,
   rewriting the overlays' patches, which leaves them unchanged, and the drift check);
 - k8s/README.md step 3: the `serving keys create ... --emit-yaml > keys.yaml` line, then the
   `kubectl create secret generic gateway-keys --from-file=keys.yaml` line with kubectl's
@@ -8,7 +8,7 @@
   file under the item the gateway Deployment mounts, and the gateway's key store
   authenticates the printed secret from it with the limits the line asked for.
 
-The lines are parsed out of the READMEs, so editing them without keeping them working fails
+The lines are parsed out of those pages, so editing them without keeping them working fails
 here.
 """
 
@@ -27,7 +27,7 @@ from serving.gateway.keys.file_store import FileKeyStore
 from tests.k8s.rendered import Renders
 from tests.k8s.tools import ROOT, tool
 
-README = ROOT / "README.md"
+KUBERNETES_DOC = ROOT / "docs" / "kubernetes.md"
 K8S_README = ROOT / "k8s" / "README.md"
 
 
@@ -55,10 +55,10 @@ def run(command: str, cwd: Path, **env: str) -> subprocess.CompletedProcess[str]
     )  # fmt: skip
 
 
-def test_the_readmes_render_commands_work_as_printed() -> None:
+def test_the_docs_render_commands_work_as_printed() -> None:
     commands = [
         line
-        for line in bash_lines(section(README.read_text(), "## Kubernetes"))
+        for line in bash_lines(KUBERNETES_DOC.read_text())
         if line.startswith(".venv/bin/serving k8s")
     ]
     assert len(commands) == 3, commands

@@ -14,9 +14,9 @@ aborted (client went away), failed (upstream produced nothing) or expired (nobod
 within its time to live, e.g. a bug or a crashed replica). Ending an ended lease is a no-op
 that says so (False), so cleanup paths and retried settles may overlap.
 
-A refusal maps to OpenAI's error shape (DESIGN.md section 5): minute limits and concurrency
-are `requests`/`tokens` + `rate_limit_exceeded`; spent day/month budgets are
-`insufficient_quota`. Every refusal has a finite `Retry-After`.
+A refusal maps to OpenAI's error shape (docs/architecture.md, errors and metrics): minute
+limits and concurrency are `requests`/`tokens` + `rate_limit_exceeded`; spent day/month
+budgets are `insufficient_quota`. Every refusal has a finite `Retry-After`.
 
 The rate-limit state is what OpenAI reports in the `x-ratelimit-*` response headers
 (`headers`): the key's (or key+model's) minute windows after this request's reservation;

@@ -1,4 +1,4 @@
-"""Reserve, then settle (DESIGN.md section 4), on top of any `QuotaStore`.
+"""Reserve, then settle (docs/architecture.md, quota semantics), on top of any `QuotaStore`.
 
     admission = await engine.admit(key, model, prompt_estimate, requested_max_tokens,
                                    context_window=window, choices=n)

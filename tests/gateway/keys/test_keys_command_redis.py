@@ -168,10 +168,11 @@ def test_the_sqlite_path_does_not_import_redis(tmp_path: Path) -> None:
 def test_the_readme_redis_key_commands_work_as_printed(
     own_redis: RedisServer, tmp_path: Path
 ) -> None:
-    """README.md's scale-out block, run as printed with the reader's `REDIS_URL` pointing at
-    a real redis-server (the block's `export` line is the reader's own)."""
-    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text(encoding="utf-8")
-    section = readme[readme.index("## Scale-out") :]
+    """docs/scale-out.md's "Several gateways" block, run as printed with the reader's
+    `REDIS_URL` pointing at a real redis-server (the block's `export` line is the reader's own)."""
+    page = Path(__file__).resolve().parents[3] / "docs" / "scale-out.md"
+    text = page.read_text(encoding="utf-8")
+    section = text[text.index("## Several gateways") :]
     block = re.search(r"```bash\n(.*?)```", section, flags=re.S)
     assert block is not None
     lines = [line.split("  #", 1)[0].strip() for line in block.group(1).splitlines()]

@@ -1,6 +1,6 @@
-"""The gateway with its quota counters in Redis (DESIGN.md section 7, case 11), over HTTP:
-limits hold in Redis; while Redis is black-holed a request gets the policy's answer within
-the time bound, /readyz and the metrics say so; once Redis is back, a stream that ended
+"""The gateway with its quota counters in Redis (docs/architecture.md, reliability case 11),
+over HTTP: limits hold in Redis; while Redis is black-holed a request gets the policy's answer
+within the time bound, /readyz and the metrics say so; once Redis is back, a stream that ended
 meanwhile is settled by id, charged once, and nothing is left held.
 """
 

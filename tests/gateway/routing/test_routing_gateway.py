@@ -1,5 +1,6 @@
 """The gateway routing over two fake engines: spread, affinity, rotation, failover before the
-first byte only, and 503 at once when no engine is left (DESIGN.md section 7, cases 6 and 13).
+first byte only, and 503 at once when no engine is left (docs/architecture.md, reliability
+cases 6 and 13).
 
 Fake engines stand in for vLLM here because the faults (a 500, a reset before the headers, a
 reset mid-stream) must happen on demand; tests/integration/replicas/ does the same

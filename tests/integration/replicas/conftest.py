@@ -1,6 +1,6 @@
 """Scale-out with real processes: `serving up --replicas 2`, gateway replicas sharing Redis,
-and the faults they must survive (issue 11 part 4; DESIGN.md section 7 cases 2, 6, 7, 11,
-12, 13 and 18).
+and the faults they must survive (issue 11 part 4; docs/architecture.md, reliability cases
+2, 6, 7, 11, 12, 13 and 18).
 
 One topology for this package (`scale_out.scale_out_topology`, a package fixture: it is
 started by the first test that needs it and gone when the package is done), started as a

@@ -1,6 +1,6 @@
 """Charged exactly once at volume: 10,000 requests, a fifth of them abandoned by their client at
 a random moment, spread over three gateway replicas that share Redis (issue 11 part 4;
-DESIGN.md section 7 cases 2, 4, 5 and 18 under churn).
+docs/architecture.md, reliability cases 2, 4, 5 and 18 under churn).
 
 Topology: one real `redis-server`, three real `serving gateway` processes sharing it and one
 keys.db, in front of `FakeUpstream` (tests/gateway/fake_upstream.py), an aiohttp fake of

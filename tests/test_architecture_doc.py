@@ -1,0 +1,143 @@
+"""docs/architecture.md against the code it describes, so the page fails CI when it drifts.
+
+- every reliability case number cited under tests/ or serving/ is in the page's numbered list
+  (the numbering is fixed: citations stay valid only while it is);
+- every "docs/architecture.md, <section>" reference there names a section of the page;
+- every repository path the page writes in backticks exists;
+- every `serving.<module>.<name>` step of the request path resolves (import, then getattr);
+- nothing under serving/ or tests/ still cites the design note that lives outside the
+  repository.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from pathlib import Path
+from types import ModuleType
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGE = ROOT / "docs" / "architecture.md"
+SOURCES = ("serving", "tests")
+# The outside design note's file name, spelled so that this file does not mention it.
+OUTSIDE_NOTE = "DESIGN" + ".md"
+
+CITATION = re.compile(r"\b[Cc]ases?\s+(\d+(?:(?:\s*,\s*and\s+|\s*,\s*|\s+and\s+)\d+)*)")
+PAGE_REFERENCE = re.compile(r"docs/architecture\.md,\s+([a-z][a-z\s]*)")
+HEADING = re.compile(r"^## (.+)$", re.MULTILINE)
+LIST_ITEM = re.compile(r"^(\d+)\. ", re.MULTILINE)
+REPO_PATH = re.compile(r"`((?:serving|tests|bench|loadtest|monitoring|k8s)/[^`\s]*)`")
+DOTTED = re.compile(r"`(serving(?:\.\w+)+)`")
+
+
+def page() -> str:
+    return PAGE.read_text(encoding="utf-8")
+
+
+def section(title: str) -> str:
+    """The body of the page's `## title` section."""
+    text = page()
+    match = re.search(rf"^## {re.escape(title)}\n(.*?)(?=^## |\Z)", text, re.DOTALL | re.MULTILINE)
+    assert match is not None, f"docs/architecture.md has no section {title!r}"
+    return match.group(1)
+
+
+def python_files() -> list[Path]:
+    return sorted(
+        path
+        for source in SOURCES
+        for path in (ROOT / source).rglob("*.py")
+        if "__pycache__" not in path.parts
+    )
+
+
+def comment_text(path: Path) -> str:
+    """The file's text with line breaks inside comments joined, so a citation wrapped
+    across two comment lines reads as one."""
+    text = path.read_text(encoding="utf-8")
+    return re.sub(r"\n\s*#\s*", " ", text)
+
+
+def test_every_cited_reliability_case_is_in_the_page() -> None:
+    numbered = {int(number) for number in LIST_ITEM.findall(section("Reliability cases"))}
+    assert numbered == set(range(1, max(numbered) + 1)), "the list must be numbered 1..N"
+    cited: dict[int, list[str]] = {}
+    for path in python_files():
+        for match in CITATION.finditer(comment_text(path)):
+            for number in re.findall(r"\d+", match.group(1)):
+                cited.setdefault(int(number), []).append(str(path.relative_to(ROOT)))
+    assert cited, "no reliability case citation found: is the pattern still right?"
+    missing = {number: files for number, files in cited.items() if number not in numbered}
+    assert not missing, f"cases cited but not in docs/architecture.md: {missing}"
+
+
+def test_every_reference_names_a_section_of_the_page() -> None:
+    titles = [title.strip().lower() for title in HEADING.findall(page())]
+    # "reliability case 3" refers to the section "Reliability cases".
+    prefixes = [*titles, *(title.removesuffix("s") for title in titles)]
+    wrong: list[str] = []
+    for path in [*python_files(), *(ROOT / "bench").rglob("*.py")]:
+        if "__pycache__" in path.parts or ".venvs" in path.parts:
+            continue
+        for match in PAGE_REFERENCE.finditer(comment_text(path)):
+            named = " ".join(match.group(1).split())
+            if not any(named.startswith(prefix) for prefix in prefixes):
+                wrong.append(f"{path.relative_to(ROOT)}: {named!r}")
+    assert not wrong, f"references to sections docs/architecture.md does not have: {wrong}"
+
+
+def test_every_path_the_page_names_exists() -> None:
+    paths = set(REPO_PATH.findall(page()))
+    assert len(paths) > 20, "the page names the modules it describes"
+    missing = sorted(
+        path
+        for path in paths
+        if not (any(ROOT.glob(path)) if "*" in path else (ROOT / path).exists())
+    )
+    assert not missing, f"docs/architecture.md names paths that do not exist: {missing}"
+
+
+def resolve(dotted: str) -> object:
+    """The object a dotted name means: the longest importable module prefix, then
+    attributes (a class, then its method)."""
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            found: object = importlib.import_module(".".join(parts[:cut]))
+        except ModuleNotFoundError:
+            continue
+        for name in parts[cut:]:
+            found = getattr(found, name)
+        return found
+    raise ModuleNotFoundError(dotted)
+
+
+def test_every_step_of_the_request_path_exists() -> None:
+    steps = sorted(set(DOTTED.findall(section("The request path"))))
+    assert len(steps) > 20, "each step names its module and function"
+    broken: list[str] = []
+    for dotted in steps:
+        try:
+            found = resolve(dotted)
+        except (ImportError, AttributeError) as exc:
+            broken.append(f"{dotted} ({type(exc).__name__}: {exc})")
+            continue
+        if isinstance(found, ModuleType) or not callable(found):
+            broken.append(f"{dotted} (not a function, method or class)")
+    assert not broken, f"request path steps that the code does not have: {broken}"
+
+
+def test_no_file_cites_the_outside_design_note() -> None:
+    needle = OUTSIDE_NOTE.encode()
+    citing = sorted(
+        str(path.relative_to(ROOT))
+        for source in SOURCES
+        for path in (ROOT / source).rglob("*")
+        if path.is_file()
+        and "__pycache__" not in path.parts
+        and path.suffix != ".pyc"
+        and needle in path.read_bytes()
+    )
+    assert not citing, (
+        f"{OUTSIDE_NOTE} is not in the repository; cite docs/architecture.md instead: {citing}"
+    )
