@@ -15,7 +15,7 @@ REPLICAS ?= 1
 # `make monitor`'s Prometheus (http://127.0.0.1:$(PROM_PORT)).
 PROM_PORT ?= 9090
 
-.PHONY: up monitor test lint typecheck docs unit integration venv system-deps k8s-tools k8s-check loadtest loadtest-crosscheck loadtest-memory bench bench-routing clean
+.PHONY: up monitor check test lint typecheck docs venv system-deps k8s-tools k8s-check loadtest loadtest-crosscheck loadtest-memory bench bench-routing clean
 
 venv: $(STAMP)
 
@@ -92,11 +92,10 @@ DOCS_SITE ?= build/site
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir $(DOCS_SITE)
 
-unit: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not integration"
-
-integration: $(STAMP)
-	$(BIN)/python -m pytest -q -m integration
+# The fast tier: lint, types, the docs site and every test that needs no engine, Redis,
+# Prometheus or browser (tests/services.py names what each slow test needs).
+check: lint typecheck docs $(K8S_STAMP)
+	$(BIN)/python -m pytest -q -rfEs --check-tier --durations=10
 
 test: lint typecheck docs $(SYSTEM_STAMP) $(K8S_STAMP)
 	$(BIN)/python -m pytest -q -rfEs --durations=25

@@ -45,14 +45,15 @@ from loadtest.runner import LocustRun, default_processes, run_locust
 from loadtest.sweep import run_sweep
 from loadtest.workload import builtin_workload_names
 from serving.errors import ServingError
+from serving.gateway.settings import API_KEY_ENV
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", required=True, help="base URL: the gateway or vLLM itself")
     parser.add_argument(
         "--api-key",
-        default=os.environ.get("SERVING_API_KEY"),
-        help="bearer key (default: $SERVING_API_KEY)",
+        default=os.environ.get(API_KEY_ENV),
+        help=f"bearer key (default: ${API_KEY_ENV})",
     )
     parser.add_argument("--engine-metrics", help="vLLM /metrics URL to scrape during the run")
     parser.add_argument("--gateway-metrics", help="gateway /metrics URL to scrape")
@@ -132,8 +133,8 @@ def _memory_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", required=True, help="base URL: vLLM itself or the gateway")
     parser.add_argument(
         "--api-key",
-        default=os.environ.get("SERVING_API_KEY"),
-        help="bearer key (default: $SERVING_API_KEY)",
+        default=os.environ.get(API_KEY_ENV),
+        help=f"bearer key (default: ${API_KEY_ENV})",
     )
     parser.add_argument("--engine-metrics", required=True, help="vLLM /metrics URL")
     parser.add_argument("--profile", required=True, help="the profile the engine runs")

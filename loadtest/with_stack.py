@@ -16,6 +16,7 @@ import sys
 import time
 
 from serving.engine.process import http_ok
+from serving.ports import ENGINE_PORT, GATEWAY_PORT
 from serving.stack import DEV_KEY_ENV, dev_api_key
 
 
@@ -32,8 +33,8 @@ def _wait_ready(url: str, process: subprocess.Popen[bytes], timeout: float) -> N
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m loadtest.with_stack")
     parser.add_argument("--profile", default="cpu-tiny")
-    parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--engine-port", type=int, default=8001)
+    parser.add_argument("--port", type=int, default=GATEWAY_PORT)
+    parser.add_argument("--engine-port", type=int, default=ENGINE_PORT)
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds to wait for start")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)

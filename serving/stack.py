@@ -32,6 +32,7 @@ from serving.engine.supervisor import Supervisor
 from serving.errors import ServingError
 from serving.gateway.settings import API_KEY_ENV, flag_name, split_dev_keys
 from serving.paths import dev_api_key_path, keys_db_path, logs_dir
+from serving.ports import GATEWAY_PORT
 
 if TYPE_CHECKING:
     from serving.profiles.model import Profile
@@ -42,7 +43,7 @@ DEV_KEY_ENV = API_KEY_ENV
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--profile", default="cpu-tiny", help="profile name or YAML path")
     parser.add_argument("--host", default="127.0.0.1", help="address the gateway binds")
-    parser.add_argument("--port", type=int, default=8000, help="gateway port")
+    parser.add_argument("--port", type=int, default=GATEWAY_PORT, help="gateway port")
     parser.add_argument(
         "--engine-port",
         type=int,

@@ -17,6 +17,7 @@ from bench.gateway_overhead.paths import ALL_PATHS
 from bench.gateway_overhead.processes import BenchError
 from bench.gateway_overhead.real_engine import RealOptions, run_real
 from bench.gateway_overhead.runner import Plan
+from serving.gateway.settings import API_KEY_ENV
 
 RESULTS_DIR = Path(__file__).resolve().parent.parent / "results"
 FULL = Plan(seconds=4.0, runs=3, concurrency=32, warmup_s=1.0)
@@ -58,8 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     real.add_argument("--gateway-url", metavar="URL", help="a running gateway in front of it")
     real.add_argument(
         "--api-key",
-        default=os.environ.get("SERVING_API_KEY", ""),
-        help="gateway key (default: $SERVING_API_KEY)",
+        default=os.environ.get(API_KEY_ENV, ""),
+        help=f"gateway key (default: ${API_KEY_ENV})",
     )
     real.add_argument("--engine-api-key", default="", help="vLLM's --api-key, if it has one")
     real.add_argument("--model", default="", help="model name (default: the engine's first)")

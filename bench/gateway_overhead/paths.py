@@ -28,6 +28,7 @@ from bench.gateway_overhead.load import Target
 from bench.gateway_overhead.processes import BenchError, Launcher, free_port
 from bench.gateway_overhead.redis_server import RedisServer, start_redis
 from bench.gateway_overhead.upstream import MODEL
+from serving.gateway.settings import API_KEY_ENV
 
 PROXY_CPU = 1
 LOAD_CPU = 0
@@ -165,8 +166,8 @@ def _start_gateway(
         )
     else:
         key = "sk-bench-" + secrets.token_hex(16)
-        env["SERVING_API_KEY"] = key
-        notes = "key from SERVING_API_KEY (this gateway has no --keys-db yet)"
+        env[API_KEY_ENV] = key
+        notes = f"key from {API_KEY_ENV} (this gateway has no --keys-db yet)"
     launcher.start(name, argv, cpu=PROXY_CPU, env=env, cwd=REPO_ROOT)
     return key, notes
 

@@ -11,12 +11,13 @@ from types import FrameType
 from typing import TYPE_CHECKING
 
 from serving.errors import ServingError
+from serving.ports import ENGINE_PORT
 
 if TYPE_CHECKING:
     from serving.engine.ray_cluster import RayNodeProcess
     from serving.profiles.model import Profile
 
-DEFAULT_ENGINE_PORT = 8001
+DEFAULT_ENGINE_PORT = ENGINE_PORT
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

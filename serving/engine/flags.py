@@ -20,6 +20,12 @@ import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from serving.ports import ENGINE_PORT
+
+# vLLM's own default share of GPU memory for weights, activations and the KV cache: what a
+# profile and the planner assume when they set none.
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
+
 if TYPE_CHECKING:  # only annotations: the planner imports this module without pydantic
     from serving.profiles.model import Profile
 
@@ -167,7 +173,7 @@ def _tool_and_reasoning_args(profile: Profile) -> list[str]:
 
 
 def render(
-    profile: Profile, model_path: str, *, host: str = "127.0.0.1", port: int = 8001
+    profile: Profile, model_path: str, *, host: str = "127.0.0.1", port: int = ENGINE_PORT
 ) -> EngineCommand:
     """The full command that starts vLLM's OpenAI server for `profile`."""
     argv = [sys.executable, "-m", VLLM_SERVER_MODULE]

@@ -52,6 +52,9 @@ from pydantic_settings import (
 
 from serving import paths
 from serving.errors import ServingError
+from serving.gateway.quota.engine import DEFAULT_LEASE_TTL, DEFAULT_MAX_TOKENS
+from serving.gateway.quota.redis_store import DEFAULT_TIMEOUT_S
+from serving.ports import GATEWAY_PORT
 
 ENV_PREFIX = "SERVING_GATEWAY_"
 API_KEY_ENV = "SERVING_API_KEY"
@@ -99,7 +102,7 @@ class GatewaySettings(BaseSettings):
     re-read when it changes."""
     host: NonEmpty = "127.0.0.1"
     """Address to listen on."""
-    port: int = Field(default=8000, ge=0, le=65535)
+    port: int = Field(default=GATEWAY_PORT, ge=0, le=65535)
     """Port to listen on."""
     max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1)
     """Largest request body accepted; larger ones get 413 before anything is forwarded.
@@ -148,10 +151,10 @@ class GatewaySettings(BaseSettings):
     byte (then 408 and the connection is closed)."""
     body_timeout_s: Annotated[Seconds, FlagAlias("--body-timeout")] = 30.0
     """Time a client has to send a request's whole body once its headers arrived (then 408)."""
-    default_max_tokens: int = Field(default=4096, ge=1)
+    default_max_tokens: int = Field(default=DEFAULT_MAX_TOKENS, ge=1)
     """max_tokens sent upstream when neither the client nor the key sets one (also limited
     by the model's context window when the upstream reports it)."""
-    lease_ttl_s: Seconds = 600.0
+    lease_ttl_s: Seconds = DEFAULT_LEASE_TTL
     """A quota lease not renewed for this long is reclaimed (with its whole reservation
     charged); running requests renew theirs. With Redis, also how long the requests of a
     replica that died hold their slots."""
@@ -180,7 +183,7 @@ class GatewaySettings(BaseSettings):
     """Redis holding the quota counters that gateway replicas share, so each key's limits hold
     across all of them (redis://, rediss:// or unix://; may carry a password, so it is never
     shown). Unset: each gateway counts in its own process (day/month budgets in keys.db)."""
-    redis_timeout_s: Seconds = 0.25
+    redis_timeout_s: Seconds = DEFAULT_TIMEOUT_S
     """Longest a quota call waits for Redis; past it (or at once if Redis is unreachable),
     --redis-failure-policy answers instead."""
     redis_failure_policy: Literal["closed", "local"] = "closed"

@@ -16,7 +16,7 @@ import json
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from serving.engine.flags import engine_flag
+from serving.engine.flags import DEFAULT_GPU_MEMORY_UTILIZATION, engine_flag
 from serving.errors import ServingError
 from serving.paths import models_dir
 from serving.planner.catalog import names_awq, resolve_model
@@ -67,7 +67,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _engine_argument(
         parser, "max_model_len", type=int, help="context length (default: the model's)"
     )
-    _engine_argument(parser, "gpu_memory_utilization", type=float, help="fraction (default 0.9)")
+    _engine_argument(
+        parser,
+        "gpu_memory_utilization",
+        type=float,
+        help=f"fraction (default {DEFAULT_GPU_MEMORY_UTILIZATION})",
+    )
     _engine_argument(parser, "max_num_seqs", type=int, help="default: vLLM's for the device")
     _engine_argument(
         parser, "max_num_batched_tokens", type=int, help="default: vLLM's for the device"

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from serving.engine.flags import engine_flag
+from serving.engine.flags import DEFAULT_GPU_MEMORY_UTILIZATION, engine_flag
 from serving.errors import ServingError
 from serving.planner.gpus import GiB, GpuSpec
 from serving.planner.kv import CPU_BLOCK_SIZE, GPU_BLOCK_SIZE
@@ -33,7 +33,7 @@ class PlanSettings:
     awq_group_size: int = 128
     kv_cache_dtype: str = "auto"
     max_model_len: int | None = None
-    gpu_memory_utilization: float = 0.9
+    gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
     kv_space_gib: float | None = None  # CPU engine: VLLM_CPU_KVCACHE_SPACE

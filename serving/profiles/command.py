@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from serving.ports import ENGINE_PORT
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
@@ -14,7 +16,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     render = sub.add_parser("render", help="the vLLM command line a profile starts")
     render.add_argument("profile", help="profile name or YAML path")
     render.add_argument("--host", default="127.0.0.1")
-    render.add_argument("--port", type=int, default=8001)
+    render.add_argument("--port", type=int, default=ENGINE_PORT)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -10,6 +10,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
 
+from serving.engine.flags import DEFAULT_GPU_MEMORY_UTILIZATION
+
 # A model reference of this form names a model the project builds itself.
 BUILTIN_PREFIX = "builtin:"
 
@@ -67,7 +69,7 @@ class Profile(BaseModel):
     pipeline_parallel_size: int = Field(default=1, ge=1)
     distributed_executor_backend: Literal["mp", "ray"] | None = None
     max_model_len: int = Field(ge=16)
-    gpu_memory_utilization: float = Field(default=0.9, gt=0.0, le=1.0)
+    gpu_memory_utilization: float = Field(default=DEFAULT_GPU_MEMORY_UTILIZATION, gt=0.0, le=1.0)
     max_num_seqs: int = Field(default=256, ge=1)
     max_num_batched_tokens: int | None = Field(default=None, ge=16)
     enable_chunked_prefill: bool = True

@@ -1,7 +1,7 @@
 """The routing benchmark runs end to end and its results file holds sane numbers.
 
 The overhead part (`--quick`, fast upstreams, every default path) always runs; the prefix
-cache part starts two real engines and is marked `integration`. Speed is not asserted: that
+cache part starts two real engines and is marked `engine`. Speed is not asserted: that
 is what the benchmark reports. What routing must do is: round-robin splits requests evenly,
 one engine alone sees everything, and affinity finds more of the prefix cache than
 round-robin does.
@@ -78,7 +78,7 @@ def test_workload_is_deterministic_and_salted() -> None:
     assert len({c.session for c in first}) == 3
 
 
-@pytest.mark.integration
+@pytest.mark.engine
 @pytest.mark.timeout(600)
 def test_quick_prefix_cache_on_two_engines(tmp_path: Path) -> None:
     doc = _run(tmp_path, "--parts", "cache", timeout=540)

@@ -1,8 +1,8 @@
 """One real stack per test session: `serving up` (real vLLM on the tiny model + gateway).
 
-Everything under tests/integration is marked `integration`. The stack is started through the
-real command, the way a user starts it, and stopped with SIGINT at the end of the session,
-which also checks that no engine process outlives it.
+Everything under tests/integration is marked `engine` (tests/services.py). The stack is
+started through the real command, the way a user starts it, and stopped with SIGINT at the
+end of the session, which also checks that no engine process outlives it.
 """
 
 from __future__ import annotations
@@ -28,13 +28,6 @@ from tests.ports import free_port
 REPO = Path(__file__).resolve().parents[2]
 TEST_KEY = "sk-test-integration-0123456789abcdef"
 MODEL = "qwen3-tiny"
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    here = Path(__file__).parent
-    for item in items:
-        if here in Path(str(item.fspath)).parents:
-            item.add_marker(pytest.mark.integration)
 
 
 def serving_env(**extra: str) -> dict[str, str]:

@@ -34,6 +34,8 @@ from playwright.sync_api import (
     sync_playwright,
 )
 
+from tests.services import require
+
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
     "--headless",
@@ -53,6 +55,7 @@ ANSWER_TIMEOUT_MS = 180_000
 
 @contextmanager
 def chromium() -> Iterator[Browser]:
+    require("browser")
     # make test installs it (Makefile system-deps); its absence is a set-up failure.
     assert shutil.which(CHROMIUM), f"{CHROMIUM} is missing: run make system-deps"
     with sync_playwright() as playwright:

@@ -75,6 +75,9 @@ from tests.integration.conftest import (
 )
 from tests.integration.test_gateway_quota import client, create_key, idle
 from tests.ports import free_port
+from tests.services import require
+
+pytestmark = [pytest.mark.prometheus, pytest.mark.browser]
 
 INTERVAL = "1s"
 DOCS = REPO / "docs" / "monitoring"
@@ -173,6 +176,7 @@ def prometheus_config(stack: Stack, gateway_b: str) -> str:
 
 @contextmanager
 def prometheus(config_text: str, workdir: Path) -> Iterator[PrometheusAPI]:
+    require("prometheus")
     if shutil.which("prometheus") is None:
         pytest.fail("prometheus not found: `make system-deps` installs Debian's package")
     config = workdir / "prometheus.yml"

@@ -33,7 +33,7 @@ from tests.integration.playground_page import (
 from tests.integration.test_disconnect import running_requests
 from tests.integration.test_gateway_quota import create_key
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.timeout(900), pytest.mark.browser]
 
 # docs/playground.md's picture; the test writes it only when asked
 # (SERVING_UPDATE_SCREENSHOTS=1), so that a test run leaves the checkout as it was (its numbers

@@ -7,11 +7,14 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from loadtest.analysis import analyze
 from loadtest.report import write_report
 from loadtest.svg import Line, line_chart, nice_max
 from loadtest.targets import Targets
 from tests.loadtest.records import run_data
+from tests.services import require
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
@@ -38,7 +41,9 @@ def test_report_json_and_html_are_written(tmp_path: Path) -> None:
     assert "CPU-bound" in html and html.count("<svg") == 6
 
 
+@pytest.mark.browser
 def test_report_renders_in_headless_chromium(tmp_path: Path) -> None:
+    require("browser")
     # make test installs Chromium (Makefile system-deps); its absence is a set-up failure.
     assert CHROMIUM is not None, "chromium is not installed: run make system-deps"
     report = analyze(

@@ -27,6 +27,7 @@ from monitoring.grafana.queries import (
 from monitoring.promql import metric_names, variable_selector
 from serving.cli import main as serving_main
 from serving.profiles import Profile, load_all_profiles
+from tests.services import require
 
 PROVISIONING = DASHBOARDS_DIR.parent / "provisioning"
 DASHBOARDS = load_dashboards()
@@ -192,6 +193,7 @@ def test_variable_selector_and_concrete() -> None:
 
 
 def _promtool(*args: str) -> None:
+    require("prometheus")
     promtool = shutil.which("promtool")
     assert promtool, "promtool is missing: `make system-deps` installs Debian's prometheus"
     done = subprocess.run([promtool, *args], capture_output=True, text=True, timeout=120)
@@ -205,6 +207,7 @@ def _concrete_queries(name: str) -> dict[tuple[str, str], str]:
     return {(q.panel, q.ref): concrete(q.expr, names, overrides) for q in panel_queries(dashboard)}
 
 
+@pytest.mark.prometheus
 def test_every_query_is_valid_promql(tmp_path: Path) -> None:
     rules = [
         {"record": f"dashboard:query_{index}:check", "expr": expr}
@@ -217,6 +220,7 @@ def test_every_query_is_valid_promql(tmp_path: Path) -> None:
     _promtool("check", "rules", str(path))
 
 
+@pytest.mark.prometheus
 def test_capacity_and_error_ratio_queries_on_synthetic_series(tmp_path: Path) -> None:
     """The plan joins the running profile and the replica's model; no 5xx reads as 0."""
     capacity = _concrete_queries("capacity.json")

@@ -38,7 +38,7 @@ def redis_reader(url: str) -> WritableKeyStore:
     return store
 
 
-@pytest.fixture(params=["store", "redis-url"])
+@pytest.fixture(params=["store", pytest.param("redis-url", marks=pytest.mark.redis)])
 def where(request: pytest.FixtureRequest, tmp_path: Path) -> Where:
     if request.param == "store":
         path = tmp_path / "keys.db"

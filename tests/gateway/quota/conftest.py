@@ -51,7 +51,7 @@ def redis_store(server: RedisServer) -> StoreFactory:
     return make
 
 
-@pytest.fixture(params=["memory", "redis"])
+@pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.redis)])
 def quota_store(request: pytest.FixtureRequest) -> StoreFactory:
     if request.param == "memory":
         return memory_store

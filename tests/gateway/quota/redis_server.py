@@ -28,6 +28,8 @@ from typing import Any
 import pytest
 import redis
 
+from tests.services import require
+
 # Generous: this only bounds how long a broken start hangs, it is never waited out.
 START_DEADLINE_S = 60.0
 
@@ -106,6 +108,7 @@ class RedisServer:
 
     def start(self) -> None:
         """Start (again, on the same port) and return once it answers PING."""
+        require("redis")
         self._directory.mkdir(parents=True, exist_ok=True)
         command = [self._binary, "--port", str(self.port), "--bind", "127.0.0.1"]
         command += ["--dir", str(self._directory), "--loglevel", "warning", "--save", ""]

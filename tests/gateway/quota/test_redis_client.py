@@ -194,6 +194,7 @@ async def test_scripts_run_by_sha_and_are_sent_in_full_once_redis_forgot_them(
         await client.close()
 
 
+@pytest.mark.redis
 @run_async
 async def test_hello_authenticates_and_selects_the_database_on_tcp_and_unix_sockets(
     tmp_path: Path,
@@ -216,6 +217,7 @@ async def test_hello_authenticates_and_selects_the_database_on_tcp_and_unix_sock
         server.stop()
 
 
+@pytest.mark.redis
 @run_async
 async def test_rediss_speaks_tls_and_checks_the_servers_certificate(tmp_path: Path) -> None:
     tls = TlsFiles.make(tmp_path / "tls")

@@ -47,7 +47,7 @@ from tests.integration.scale_out import (
     wait_up,
 )
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(600), pytest.mark.redis]
 
 ROUNDS = 5
 PER_ROUND = 2_000

@@ -22,7 +22,7 @@ from tests.integration.playground_page import (
     stats,
 )
 
-pytestmark = pytest.mark.timeout(1500)
+pytestmark = [pytest.mark.timeout(1500), pytest.mark.browser]
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,38 @@
+"""Hooks for every test (tests/services.py): a test using a fixture that starts a service is
+marked for it, and the running test is known to `require`, so a helper that starts a service
+can check the test is marked for it."""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+
+import pytest
+
+from tests import services
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--check-tier",
+        action="store_true",
+        help="only the tests that need no engine, Redis, Prometheus or browser (make check)",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        services.mark(item)
+    if config.getoption("--check-tier"):
+        slow = [item for item in items if services.needs_a_service(item)]
+        if slow:
+            config.hook.pytest_deselected(items=slow)
+            items[:] = [item for item in items if not services.needs_a_service(item)]
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None]:
+    services.running(item)
+    try:
+        return (yield)
+    finally:
+        services.running(None)
