@@ -5,14 +5,19 @@
 - every "docs/architecture.md, <section>" reference there names a section of the page;
 - every repository path the page writes in backticks exists;
 - every `serving.<module>.<name>` step of the request path resolves (import, then getattr);
+- walking the route table, every metered route is answered by `Completions.handle`, which
+  calls the request's steps in the order the page lists them;
 - nothing under serving/ or tests/ still cites the design note that lives outside the
   repository.
 """
 
 from __future__ import annotations
 
+import ast
 import importlib
+import inspect
 import re
+import textwrap
 from pathlib import Path
 from types import ModuleType
 
@@ -140,4 +145,58 @@ def test_no_file_cites_the_outside_design_note() -> None:
     )
     assert not citing, (
         f"{OUTSIDE_NOTE} is not in the repository; cite docs/architecture.md instead: {citing}"
+    )
+
+
+def called_names(function: object) -> list[str]:
+    """The last component of every call in `function`'s body, in source order
+    (`self._engine.admit(...)` -> "admit")."""
+    source = textwrap.dedent(inspect.getsource(function))  # type: ignore[arg-type]
+    calls = [node for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Call)]
+    calls.sort(key=lambda node: (node.lineno, node.col_offset))
+    names = []
+    for call in calls:
+        func = call.func
+        if isinstance(func, ast.Attribute):
+            names.append(func.attr)
+        elif isinstance(func, ast.Name):
+            names.append(func.id)
+    return names
+
+
+# The life of a metered request: the functions Completions.handle calls for its steps.
+REQUEST_LIFE = (
+    "parse_completion_request",
+    "admit",
+    "check_admitted",
+    "withdraw",
+    "render_upstream_body",
+    "forward",
+    "_settle",
+    "_record_outcome",
+)
+
+
+def test_each_metered_route_runs_the_steps_the_page_lists_in_its_order() -> None:
+    """Walk the route table: every metered route is answered by `Completions.handle`
+    (`GatewayApp._api` dispatches on `route.metered`), and that function calls the request
+    path's steps in the order the page lists them; a step moved, added or dropped in either
+    fails here."""
+    from serving.gateway.app import GatewayApp
+    from serving.gateway.completions import Completions
+    from serving.gateway.route_table import ROUTES
+
+    metered = [route for route in ROUTES.routes() if route.metered is not None]
+    assert {route.metered for route in metered} == {"chat", "completion", "responses"}
+    assert called_names(GatewayApp._api).count("handle") == 1
+    # The page's steps, by their function's name, in the order it writes them.
+    listed: list[str] = []
+    for dotted in DOTTED.findall(section("The request path")):
+        name = dotted.rsplit(".", 1)[-1]
+        if name not in listed:
+            listed.append(name)
+    life = [name for name in called_names(Completions.handle) if name in REQUEST_LIFE]
+    assert sorted(set(life)) == sorted(REQUEST_LIFE), f"Completions.handle calls {life}"
+    assert [name for name in listed if name in REQUEST_LIFE] == life, (
+        f"Completions.handle runs {life}, the page lists {listed}"
     )
