@@ -10,6 +10,13 @@ seconds it used inside a window (the cross-check's CPU per request): on a machin
 clients share cores with the engine, every CPU second a client spends is one the engine it
 measures does not get.
 
+Windows are wall-clock seconds (time.time(), as Locust's records are) or, with
+`monotonic=True`, CLOCK_MONOTONIC readings (time.monotonic(), and on Linux time.perf_counter()
+in any process, as vLLM's benchmark stamps its requests): those need no conversion between
+processes, so a step of the wall clock between two readings cannot move the window. A window
+the monitor took no sample inside (its thread was held up the whole time) is not measured:
+None, never a made-up 0.
+
 Usage: `with CpuMonitor(pid) as cpu: ...; cpu.summary(); cpu.cpu_seconds((t0, t1))`.
 """
 
@@ -30,7 +37,7 @@ BUSY_PERCENT = 90.0
 class CpuSummary:
     processes: int
     max_mean_percent: float  # the busiest process's mean, % of one core
-    host_mean_percent: float  # the whole machine, % of all cores
+    host_mean_percent: float | None  # the whole machine, % of all cores; None: not sampled
     bottleneck: bool
     samples: list[tuple[float, float]]  # (wall clock, busiest process %)
     cpu_seconds: float | None = None  # the whole tree, inside the summary's window
@@ -44,6 +51,8 @@ class CpuMonitor:
     _host: list[tuple[float, float]] = field(default_factory=list)
     _busiest: list[tuple[float, float]] = field(default_factory=list)
     _cumulative: list[tuple[float, float]] = field(default_factory=list)
+    # The monotonic reading taken with each wall-clock time above (wall -> monotonic).
+    _monotonic: dict[float, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self._stop = threading.Event()
@@ -73,11 +82,16 @@ class CpuMonitor:
             self._used[proc.pid] = times.user + times.system
         self._cumulative.append((now, sum(self._used.values())))
 
+    def _now(self) -> float:
+        now = time.time()
+        self._monotonic[now] = time.monotonic()
+        return now
+
     def _loop(self) -> None:
         psutil.cpu_percent(None)
-        self._account(self._tree(), time.time())
+        self._account(self._tree(), self._now())
         while not self._stop.wait(self.interval_s):
-            busiest, now = 0.0, time.time()
+            busiest, now = 0.0, self._now()
             procs = self._tree()
             for proc in procs:
                 try:
@@ -104,26 +118,30 @@ class CpuMonitor:
         self._thread.join(timeout=self.interval_s + 5)
         # A last reading, so the samples reach past whatever ended just before (a process
         # that exited keeps the CPU it had used).
-        self._account(self._tree(), time.time())
+        self._account(self._tree(), self._now())
 
-    def cpu_seconds(self, window: tuple[float, float]) -> float | None:
-        """CPU seconds the tree used from `window[0]` to `window[1]` (wall clock).
+    def cpu_seconds(self, window: tuple[float, float], *, monotonic: bool = False) -> float | None:
+        """CPU seconds the tree used from `window[0]` to `window[1]`.
 
         Linear between samples (a window edge between two samples gets its share of the
-        interval); None when the samples do not cover the window.
+        interval); None when the samples do not cover the window or none lies inside it.
         """
-        points = list(self._cumulative)
+        points = self._points(self._cumulative, monotonic)
         if len(points) < 2 or points[0][0] > window[0] or points[-1][0] < window[1]:
+            return None
+        if not any(window[0] <= t <= window[1] for t, _ in points):
             return None
         return _at(points, window[1]) - _at(points, window[0])
 
-    def summary(self, window: tuple[float, float] | None = None) -> CpuSummary:
-        """Means over `window` (wall clock), leaving out Locust's CPU-heavy start-up."""
+    def summary(
+        self, window: tuple[float, float] | None = None, *, monotonic: bool = False
+    ) -> CpuSummary:
+        """Means over `window`, leaving out Locust's CPU-heavy start-up."""
 
         def inside(samples: list[tuple[float, float]]) -> list[float]:
             if window is None:
                 return [v for _, v in samples]
-            return [v for t, v in samples if window[0] <= t <= window[1]]
+            return [v for t, v in self._points(samples, monotonic) if window[0] <= t <= window[1]]
 
         means = [sum(v) / len(v) for v in map(inside, self._per_process.values()) if v]
         worst = max(means, default=0.0)
@@ -131,11 +149,20 @@ class CpuMonitor:
         return CpuSummary(
             processes=len(self._per_process),
             max_mean_percent=worst,
-            host_mean_percent=sum(host) / len(host) if host else 0.0,
+            host_mean_percent=sum(host) / len(host) if host else None,
             bottleneck=worst >= BUSY_PERCENT,
             samples=list(self._busiest),
-            cpu_seconds=None if window is None else self.cpu_seconds(window),
+            cpu_seconds=None if window is None else self.cpu_seconds(window, monotonic=monotonic),
         )
+
+    def _points(
+        self, samples: list[tuple[float, float]], monotonic: bool
+    ) -> list[tuple[float, float]]:
+        points = list(samples)
+        if not monotonic:
+            return points
+        clock = dict(self._monotonic)
+        return sorted((clock[t], v) for t, v in points)
 
 
 def _at(points: list[tuple[float, float]], t: float) -> float:

@@ -7,9 +7,9 @@ One process serves every round of a cross-check (`--worker`): importing vLLM tak
 CPU on a 2-core machine, which would otherwise be paid again before each round. The worker
 reads one JSON line per round from stdin (`{"out": path, "args": [...]}`), writes the
 result to `out` and answers `done` (or `failed <why>`) on stdout; vLLM's own printing goes
-to stderr so it cannot be mistaken for an answer. Each result carries the wall-clock window
-from the first request's start to the last one's end, so the caller can charge the client
-the CPU it used in exactly that window.
+to stderr so it cannot be mistaken for an answer. Each result carries the window from the
+first request's start to the last one's end (monotonic clock), so the caller can charge the
+client the CPU it used in exactly that window.
 
 Usage: `python -m loadtest.vllm_bench --json-out r.json -- <vllm bench serve arguments>`,
 or `python -m loadtest.vllm_bench --worker` (driven by loadtest.vllm_worker).
@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -53,8 +52,6 @@ def run_once(bench_args: list[str], out: Path) -> None:
 
     parser = FlexibleArgumentParser(prog="vllm bench serve")  # type: ignore[no-untyped-call]
     add_cli_args(parser)
-    # vLLM's start times are perf_counter() readings; this offset turns them into wall clock.
-    offset = time.time() - time.perf_counter()
     namespace = parser.parse_args(bench_args)
     # vLLM drops the per-request start times from its result unless asked to keep details;
     # the window below needs them, whatever the caller's arguments said.
@@ -65,7 +62,9 @@ def run_once(bench_args: list[str], out: Path) -> None:
     starts, latencies = result.get("start_times") or [], result.get("latencies") or []
     if starts and latencies:
         ends = [s + lat for s, lat in zip(starts, latencies, strict=True)]
-        kept["window"] = [min(starts) + offset, max(ends) + offset]
+        # perf_counter() readings, CLOCK_MONOTONIC as the driver's time.monotonic() is: no
+        # conversion to wall clock, which a step of the clock mid-round would shift.
+        kept["monotonic_window"] = [min(starts), max(ends)]
     out.write_text(json.dumps(kept, indent=2) + "\n", encoding="utf-8")
 
 

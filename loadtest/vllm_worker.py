@@ -93,11 +93,11 @@ class VllmBenchWorker:
                 f"vllm bench serve failed ({answer or f'worker exited with {code}'}):\n{tail}"
             )
         result: dict[str, Any] = json.loads(out.read_text(encoding="utf-8"))
-        window = result.get("window")
+        window = result.get("monotonic_window")
         if window:
             # The monitor samples every CPU_INTERVAL_S: let one sample land past the window.
             time.sleep(2 * CPU_INTERVAL_S)
-            summary = monitor.summary((window[0], window[1]))
+            summary = monitor.summary((window[0], window[1]), monotonic=True)
             result["cpu_seconds"] = summary.cpu_seconds
             result["host_cpu_percent"] = summary.host_mean_percent
         return result

@@ -19,6 +19,7 @@ from playwright.sync_api import Browser, Page
 from serving.paths import logs_dir
 from tests.integration.conftest import MODEL, REPO, Stack, eventually
 from tests.integration.playground_page import (
+    ANSWER_TIMEOUT_MS,
     answer_at_length,
     attach_image,
     chromium,
@@ -146,11 +147,16 @@ def test_stop_aborts_the_answer_in_vllm(stack: Stack, browser: Browser) -> None:
     page.fill("#max-tokens", "1800")
     eventually(lambda: running_requests(stack.engine_url) == 0)  # nothing else running
     answer = start(page, "Tell me a long story.")
+    # Text streaming in, or an end (which fails here with what the page showed, rather than
+    # a timeout that says nothing).
     page.wait_for_function(
-        "element => element.dataset.state === 'streaming'"
-        " && element.querySelector('.content').textContent.length > 0",
+        "element => ['done', 'stopped', 'error'].includes(element.dataset.state)"
+        " || (element.dataset.state === 'streaming'"
+        " && element.querySelector('.content').textContent.length > 0)",
         arg=answer.element_handle(),
+        timeout=ANSWER_TIMEOUT_MS,
     )
+    assert answer.get_attribute("data-state") == "streaming", answer.text_content()
     # vLLM sets its gauge after an engine step: wait for it (1,800 tokens take a while).
     eventually(lambda: running_requests(stack.engine_url) >= 1)
     assert page.is_enabled("#stop") and not page.is_enabled("#send")

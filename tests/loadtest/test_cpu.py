@@ -64,3 +64,30 @@ def test_cpu_seconds_in_a_window_are_what_the_process_used_then() -> None:
     assert idle is not None and idle < 0.05
     assert monitor.cpu_seconds((spun, spun + 60)) is None  # not sampled that far
     assert monitor.summary((first[0], spun)).cpu_seconds is not None
+
+
+def test_a_window_is_the_same_on_either_clock_and_one_never_sampled_is_not_measured() -> None:
+    code = "import time\nwhile time.process_time() < 0.5: pass\ntime.sleep(60)"
+    process = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        with CpuMonitor(process.pid, interval_s=0.2) as monitor:
+            time.sleep(0.3)
+            wall, mono = (time.time(), time.time()), (time.monotonic(), time.monotonic())
+            while used(process.pid) < 0.45:
+                time.sleep(0.05)
+            time.sleep(0.5)
+            wall, mono = (wall[0], time.time()), (mono[0], time.monotonic())
+            time.sleep(0.5)
+    finally:
+        process.kill()
+        process.wait()
+    on_wall, on_mono = monitor.cpu_seconds(wall), monitor.cpu_seconds(mono, monotonic=True)
+    assert on_wall is not None and on_mono is not None and on_wall > 0.05, (on_wall, on_mono)
+    # Both readings of each edge are taken microseconds apart: the same CPU, to a tick.
+    assert abs(on_wall - on_mono) < 0.02, (on_wall, on_mono)
+    assert monitor.summary(mono, monotonic=True).host_mean_percent is not None
+    # Between two samples, none inside: not measured (a stalled sampler), not 0.
+    first, second = (t for t, _ in monitor.summary().samples[:2])
+    gap = (first + (second - first) / 3, first + 2 * (second - first) / 3)
+    assert monitor.cpu_seconds(gap) is None
+    assert monitor.summary(gap).host_mean_percent is None
