@@ -42,7 +42,7 @@ from loadtest.runner import LocustRun, run_locust
 from loadtest.scraper import PREFIX_HITS, fetch
 from loadtest.stats import summarize
 from loadtest.vllm_worker import VllmBenchWorker
-from serving.engine.flags import BenchServe, bench_serve_args
+from serving.vllm_flags import BenchServe, bench_serve_args
 
 # The engine's own histograms (sum and count) of time to first token and request latency:
 # per round, what the engine saw, beside what each client measured.

@@ -15,8 +15,8 @@ import yaml
 
 from loadtest.errors import LoadTestError
 from loadtest.prompts import read_prompts, write_prompts
-from serving.planner.command import profile_plan
 from serving.planner.kv import SequenceFit, sequence_fit
+from serving.planner.profile_plan import profile_plan
 from serving.profiles import load_profile
 
 # Tokens the prompt reaches into its last block: room for the tokenizer's +-2 when prompts

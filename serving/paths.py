@@ -59,6 +59,10 @@ def dev_api_key_path() -> Path:
     return serving_home() / "dev-api-key"
 
 
+# A profile's `model: builtin:NAME` is the model `serving model` builds in models_dir()/NAME.
+BUILTIN_PREFIX = "builtin:"
+
+
 def models_dir() -> Path:
     return serving_home() / "models"
 

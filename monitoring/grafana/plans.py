@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from serving.planner.command import profile_plan
+from serving.planner.profile_plan import profile_plan
 from serving.profiles import load_all_profiles
 from serving.profiles.model import Profile
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-from serving.engine.flags import EngineCommand, render
 from serving.engine.launcher_metrics import LauncherMetrics
 from serving.engine.preflight import preflight
 from serving.engine.process import EngineProcess, stderr_progress
@@ -14,6 +13,7 @@ from serving.engine.resolve import resolve_model
 from serving.engine.supervisor import RestartPolicy, Supervisor
 from serving.paths import logs_dir
 from serving.profiles.model import Profile
+from serving.vllm_flags import EngineCommand, render
 
 RAY_START_TIMEOUT_S = 120.0
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from serving.engine.flags import engine_flag
 from serving.errors import ServingError
+from serving.vllm_flags import engine_flag
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -12,7 +12,6 @@ import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from serving.engine.flags import engine_env
 from serving.engine.hf_cache import (
     cached_checkpoint,
     hub_cache_dir,
@@ -23,8 +22,9 @@ from serving.engine.hf_cache import (
 from serving.engine.visible_gpus import OVERRIDE_ENV, VisibleGpus, visible_gpus
 from serving.errors import ServingError
 from serving.planner import Plan, get_gpu, plan_for, resolve_model
-from serving.planner.command import profile_settings
+from serving.planner.profile_plan import profile_settings
 from serving.profiles.model import Profile
+from serving.vllm_flags import engine_env
 
 Warn = Callable[[str], None]
 GpuCounter = Callable[[Mapping[str, str]], VisibleGpus]

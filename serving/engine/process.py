@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from serving.engine.flags import EngineCommand
 from serving.engine.load_stats import LoadMonitor, LoadStats
 from serving.errors import ServingError
+from serving.vllm_flags import EngineCommand
 
 ProgressFn = Callable[[str], None]
 # "RuntimeError: Worker failed with error ..." beats "Worker proc ... died unexpectedly".

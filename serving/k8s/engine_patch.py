@@ -6,7 +6,7 @@
 this strategic-merge patch of Deployment `engine` (and of PVC `model-cache`'s size) adds what
 a profile decides: vLLM's args and env, the image, resources, /dev/shm, the startup budget,
 GPU placement and the init container that puts the weights on the PVC. vLLM's flags come only
-from `serving.engine.flags`, so a profile and its manifest cannot disagree on a flag name.
+from `serving.vllm_flags`, so a profile and its manifest cannot disagree on a flag name.
 """
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ from typing import Any
 
 import yaml
 
-from serving.engine.flags import engine_args, engine_env
 from serving.engine.hf_cache import is_hub_name
 from serving.errors import ServingError
 from serving.k8s.sizing import STARTUP_PERIOD_S, EngineSizing, engine_sizing
 from serving.planner.gpus import GiB, MiB
 from serving.profiles.model import Profile
+from serving.vllm_flags import engine_args, engine_env
 
 Manifest = dict[str, Any]
 

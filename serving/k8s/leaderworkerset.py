@@ -25,11 +25,11 @@ from typing import Any
 
 import yaml
 
-from serving.engine.flags import VLLM_SERVER_MODULE
 from serving.engine.ray_cluster import RayNode, ray_start_argv
 from serving.k8s.engine_patch import PROFILE_ANNOTATION, _PlainDumper, engine_patch, header
 from serving.k8s.sizing import engine_sizing
 from serving.profiles.model import Profile
+from serving.vllm_flags import VLLM_SERVER_MODULE
 
 Manifest = dict[str, Any]
 

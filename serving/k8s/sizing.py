@@ -14,8 +14,8 @@ import math
 from dataclasses import dataclass
 
 from serving.errors import ServingError
-from serving.planner.command import profile_plan
 from serving.planner.gpus import GiB, MiB
+from serving.planner.profile_plan import profile_plan
 from serving.profiles.model import Profile
 
 # The base Deployment probes /health every 10 s; the threshold below counts these periods.

@@ -5,7 +5,7 @@
     serving plan --model Qwen2.5-72B-Instruct --gpus 8 --gpus-per-node 4 --tp 4 --pp 2
 
 Flags override the values of a `--profile`; the engine settings take vLLM's flag names (from
-`serving.engine.flags`, so the cheapest change reads as vLLM would take it). Pure arithmetic:
+`serving.vllm_flags`, so the cheapest change reads as vLLM would take it). Pure arithmetic:
 no torch, no vLLM.
 """
 
@@ -16,21 +16,23 @@ import json
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from serving.engine.flags import DEFAULT_GPU_MEMORY_UTILIZATION, engine_flag
 from serving.errors import ServingError
-from serving.paths import models_dir
 from serving.planner.catalog import names_awq, resolve_model
-from serving.planner.gpus import GpuSpec, get_gpu, with_memory
-from serving.planner.models import ModelSpec
-from serving.planner.plan import Plan, plan_for
+from serving.planner.gpus import get_gpu, with_memory
+from serving.planner.plan import plan_for
+from serving.planner.profile_plan import (
+    DEFAULT_GPU,
+    default_gpu,
+    profile_gpu,
+    profile_model_ref,
+    profile_settings,
+)
 from serving.planner.render import plan_to_dict, render_table
 from serving.planner.settings import PlanSettings
+from serving.vllm_flags import DEFAULT_GPU_MEMORY_UTILIZATION, engine_flag
 
 if TYPE_CHECKING:
     from serving.profiles.model import Profile
-
-DEFAULT_GPU = "rtx-4090"
-BUILTIN_PREFIX = "builtin:"
 
 
 def _engine_argument(parser: argparse.ArgumentParser, name: str, **kwargs: Any) -> None:
@@ -94,81 +96,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
 
 
-def profile_model_ref(profile: Profile) -> str:
-    """The `--model` value for a profile: `builtin:NAME` is the project-built model's dir."""
-    if profile.model.startswith(BUILTIN_PREFIX):
-        name = profile.model.removeprefix(BUILTIN_PREFIX)
-        path = models_dir() / name
-        if not (path / "config.json").is_file():
-            raise ServingError(
-                f"profile {profile.name}: model {profile.model} is not built yet ({path}); "
-                "build it with `serving model` or pass --model"
-            )
-        return str(path)
-    return profile.model
-
-
-def profile_settings(profile: Profile) -> PlanSettings:
-    """PlanSettings carrying every engine setting of a profile."""
-    return PlanSettings(
-        tensor_parallel_size=profile.tensor_parallel_size,
-        pipeline_parallel_size=profile.pipeline_parallel_size,
-        # a profile counts GPUs per node; the planner counts them all
-        gpu_count=profile.gpu_count * profile.nodes,
-        gpus_per_node=profile.gpu_count if profile.nodes > 1 else None,
-        dtype=profile.dtype,
-        quantization=profile.quantization,
-        kv_cache_dtype=profile.kv_cache_dtype,
-        max_model_len=profile.max_model_len,
-        gpu_memory_utilization=profile.gpu_memory_utilization,
-        max_num_seqs=profile.max_num_seqs,
-        max_num_batched_tokens=profile.max_num_batched_tokens,
-        kv_space_gib=profile.cpu_kv_space_gib,
-        block_size=profile.block_size,
-        prefix_caching=profile.enable_prefix_caching,
-        enforce_eager=profile.enforce_eager,
-        images_per_prompt=profile.limit_mm_per_prompt.get("image"),
-    )
-
-
-def profile_spec(profile: Profile) -> ModelSpec:
-    """The model a profile plans with. A project-built model (`builtin:`) is planned from its
-    build parameters, so no checkpoint is needed: its KV layout depends only on the
-    architecture, the precision and the KV space."""
-    if profile.model == f"{BUILTIN_PREFIX}qwen2.5-vl-tiny":
-        from serving.models.tiny_vl_model import TinyVlParams, planned_config, preprocessor_config
-        from serving.planner.config_json import spec_from_config
-
-        vl = TinyVlParams()
-        return spec_from_config(
-            planned_config(vl),
-            name=profile.model,
-            source="TinyVlParams",
-            preprocessor=preprocessor_config(vl),
-        )
-    if profile.model.startswith(BUILTIN_PREFIX):
-        from serving.models.tiny_model import TinyModelParams, planned_vocab_size, qwen3_config
-        from serving.models.tiny_tokenizer import special_token_ids
-        from serving.planner.config_json import spec_from_config
-
-        params = TinyModelParams()
-        config = qwen3_config(params, planned_vocab_size(params), special_token_ids())
-        return spec_from_config(config, name=profile.model, source="TinyModelParams")
-    return resolve_model(profile.model)
-
-
-def profile_gpu(profile: Profile) -> GpuSpec:
-    return get_gpu("cpu" if profile.device == "cpu" else (profile.gpu or DEFAULT_GPU))
-
-
-def profile_plan(profile: Profile) -> Plan:
-    """What `serving plan --profile NAME` predicts for a profile, without flags."""
-    settings = profile_settings(profile)
-    if settings.quantization == "none" and names_awq(profile.model):
-        settings = replace(settings, quantization="awq")
-    return plan_for(profile_spec(profile), profile_gpu(profile), settings)
-
-
 def _load_profile(name: str) -> Profile:
     from serving.profiles import load_profile  # the profiles package needs pydantic and YAML
 
@@ -209,10 +136,7 @@ def run(args: argparse.Namespace) -> int:
     if args.quantization is None and settings.quantization == "none" and names_awq(model_ref):
         settings = replace(settings, quantization="awq")
     settings = _with_flags(settings, args)
-    gpu_name = DEFAULT_GPU
-    if profile is not None:
-        gpu_name = "cpu" if profile.device == "cpu" else (profile.gpu or DEFAULT_GPU)
-    gpu = get_gpu(args.gpu or gpu_name)
+    gpu = get_gpu(args.gpu) if args.gpu else (profile_gpu(profile) if profile else default_gpu())
     if args.gpu_memory_gib is not None:
         gpu = with_memory(gpu, args.gpu_memory_gib)
     plan = plan_for(spec, gpu, settings)

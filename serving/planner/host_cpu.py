@@ -12,7 +12,7 @@ from __future__ import annotations
 from functools import cache
 from pathlib import Path
 
-from serving.engine.flags import engine_flag
+from serving.vllm_flags import engine_flag
 
 CPUINFO = Path("/proc/cpuinfo")
 FP8_KV_FLAGS = ("avx512f", "amx_bf16", "amx_tile")

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from serving.engine.flags import engine_flag
 from serving.errors import ServingError
+from serving.vllm_flags import engine_flag
 
 MODEL_DTYPES: dict[str, int] = {
     "float16": 2,

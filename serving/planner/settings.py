@@ -12,12 +12,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from serving.engine.flags import DEFAULT_GPU_MEMORY_UTILIZATION, engine_flag
 from serving.errors import ServingError
 from serving.planner.gpus import GiB, GpuSpec
 from serving.planner.kv import CPU_BLOCK_SIZE, GPU_BLOCK_SIZE
 from serving.planner.models import ModelSpec
 from serving.planner.precision import check_quantization, kv_dtype_bytes, model_dtype_bytes
+from serving.vllm_flags import DEFAULT_GPU_MEMORY_UTILIZATION, engine_flag
 
 CPU_KV_SPACE_GIB = 4.0  # vLLM's documented default for VLLM_CPU_KVCACHE_SPACE
 

@@ -13,13 +13,13 @@ import math
 from collections.abc import Iterator
 from dataclasses import replace
 
-from serving.engine.flags import engine_flag
 from serving.errors import ServingError
 from serving.planner.gpus import GpuSpec, larger_gpus
 from serving.planner.host_cpu import fp8_kv_supported
 from serving.planner.models import ModelSpec
 from serving.planner.precision import is_fp8
 from serving.planner.settings import PlanSettings, resolve
+from serving.vllm_flags import engine_flag
 
 Change = tuple[str, GpuSpec, PlanSettings]
 MIN_CONTEXT = 1024

@@ -10,10 +10,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
 
-from serving.engine.flags import DEFAULT_GPU_MEMORY_UTILIZATION
+from serving.paths import BUILTIN_PREFIX
+from serving.vllm_flags import DEFAULT_GPU_MEMORY_UTILIZATION
 
 # A model reference of this form names a model the project builds itself.
-BUILTIN_PREFIX = "builtin:"
 
 Dtype = Literal["auto", "float16", "bfloat16", "float32"]
 Quantization = Literal["none", "awq"]

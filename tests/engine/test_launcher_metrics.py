@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from serving.engine.flags import EngineCommand
 from serving.engine.launch import serve_launcher_metrics
 from serving.engine.launcher_metrics import LauncherMetrics
 from serving.engine.load_stats import LoadStats
@@ -20,6 +19,7 @@ from serving.engine.process import EngineProcess
 from serving.engine.supervisor import RestartPolicy, Supervisor
 from serving.errors import ServingError
 from serving.profiles import load_profile
+from serving.vllm_flags import EngineCommand
 from tests.engine.test_supervisor import FAKE
 from tests.ports import free_port
 

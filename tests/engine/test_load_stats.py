@@ -7,9 +7,9 @@ import sys
 import time
 from pathlib import Path
 
-from serving.engine.flags import EngineCommand
 from serving.engine.load_stats import LoadMonitor, LoadStats, tree_memory
 from serving.engine.process import EngineProcess
+from serving.vllm_flags import EngineCommand
 from tests.engine.test_supervisor import FAKE
 from tests.ports import free_port
 

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from serving.engine.flags import EngineCommand
 from serving.engine.process import EngineProcess
 from serving.engine.supervisor import RestartPolicy, Supervisor
 from serving.errors import ServingError
+from serving.vllm_flags import EngineCommand
 from tests.ports import free_port
 
 FAKE = str(Path(__file__).with_name("fake_engine.py"))

@@ -6,8 +6,8 @@ import re
 import urllib.request
 
 from serving.planner import get_gpu, plan_for, resolve_model
-from serving.planner.command import profile_settings
 from serving.planner.kv import KvCapacity
+from serving.planner.profile_plan import profile_settings
 from serving.profiles import load_profile
 
 CACHE_INFO = re.compile(r"^vllm:cache_config_info\{([^}]*)\}", re.MULTILINE)

@@ -19,7 +19,7 @@ from tokenizers import Tokenizer
 
 from serving.models.tiny_model import ensure_tiny_model
 from serving.planner import get_gpu, plan_for, resolve_model
-from serving.planner.command import profile_settings
+from serving.planner.profile_plan import profile_settings
 from serving.profiles import load_profile
 from serving.quantize.awq_build import ensure_tiny_awq_model
 from tests.integration.conftest import MODEL, Stack, engine_process

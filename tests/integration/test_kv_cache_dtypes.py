@@ -15,8 +15,8 @@ from serving.engine.supervisor import RestartPolicy
 from serving.errors import ServingError
 from serving.models.tiny_model import ensure_tiny_model
 from serving.planner import get_gpu, plan_for, resolve_model
-from serving.planner.command import profile_settings
 from serving.planner.host_cpu import fp8_kv_supported
+from serving.planner.profile_plan import profile_settings
 from serving.profiles import load_profile
 from tests.integration.planner_truth import vllm_cache_info
 from tests.ports import free_port

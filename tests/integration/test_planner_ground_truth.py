@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from serving.models.tiny_model import ensure_tiny_model
 from serving.planner import get_gpu, plan_for, resolve_model
-from serving.planner.command import profile_settings
+from serving.planner.profile_plan import profile_settings
 from serving.profiles import load_profile
 from tests.integration.conftest import Stack
 from tests.integration.planner_truth import planned_capacity, vllm_cache_info

@@ -8,7 +8,6 @@ from typing import Any
 import pytest
 import yaml
 
-from serving.engine.flags import engine_args, engine_env, engine_flag
 from serving.errors import ServingError
 from serving.k8s.engine_patch import (
     ENGINE_HOST,
@@ -22,7 +21,8 @@ from serving.k8s.engine_patch import (
 from serving.k8s.overlays import OVERLAYS
 from serving.k8s.sizing import engine_sizing
 from serving.profiles import Profile, load_profile
-from tests.engine.test_flags import engine_args_from, parse_with_vllm
+from serving.vllm_flags import engine_args, engine_env, engine_flag
+from tests.test_vllm_flags import engine_args_from, parse_with_vllm
 
 KIND_ENGINE = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "engine"}}
 OVERLAY_PROFILES = [load_profile(name) for name in OVERLAYS.values()]

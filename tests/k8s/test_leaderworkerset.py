@@ -9,7 +9,6 @@ from typing import Any
 import pytest
 import yaml
 
-from serving.engine.flags import engine_args
 from serving.k8s.engine_patch import ENGINE_HOST, ENGINE_PORT, GPU_RESOURCE, model_path
 from serving.k8s.leaderworkerset import (
     LEADER_ADDRESS,
@@ -20,8 +19,9 @@ from serving.k8s.leaderworkerset import (
 )
 from serving.k8s.overlays import BASE_DEPLOYMENT
 from serving.profiles import load_profile
-from tests.engine.test_flags import engine_args_from, parse_with_vllm
+from serving.vllm_flags import engine_args
 from tests.k8s.tools import ROOT
+from tests.test_vllm_flags import engine_args_from, parse_with_vllm
 
 PROFILE = load_profile("qwen2.5-72b-pp2-tp4-2x4090x4")
 BASE = yaml.safe_load((ROOT / BASE_DEPLOYMENT).read_text(encoding="utf-8"))

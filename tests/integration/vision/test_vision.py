@@ -13,8 +13,8 @@ from openai import OpenAI
 from openai.types.chat import ChatCompletionContentPartParam
 
 from serving.engine.resolve import resolve_model
-from serving.planner.command import profile_plan
 from serving.planner.config_json import load_config_dir
+from serving.planner.profile_plan import profile_plan
 from serving.planner.vision import Qwen25VisionConfig, image_tokens
 from serving.profiles import load_profile
 from tests.integration.conftest import Stack

@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 import vllm.entrypoints.launchers.cli_args as vllm_cli
 
-from serving.engine import flags
-from serving.engine.flags import (
+from serving import vllm_flags as flags
+from serving.profiles import Profile, load_all_profiles, load_profile
+from serving.vllm_flags import (
     BENCH_FLAGS,
     ENGINE_FLAGS,
     VLLM_SERVER_MODULE,
@@ -25,7 +26,6 @@ from serving.engine.flags import (
     negated,
     render,
 )
-from serving.profiles import Profile, load_all_profiles, load_profile
 
 REPO = Path(__file__).resolve().parents[2]
 SOURCE_DIRS = ("serving", "loadtest", "bench")
@@ -276,6 +276,6 @@ def test_no_other_module_spells_a_vllm_flag() -> None:
                 if not ours(flag, relative):
                     found.append(f"{relative}:{number}: {flag}")
     assert not found, (
-        "vLLM flag names belong to serving/engine/flags.py (engine_flag, bench_serve_args): "
+        "vLLM flag names belong to serving/vllm_flags.py (engine_flag, bench_serve_args): "
         + "; ".join(found)
     )
