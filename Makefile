@@ -8,8 +8,9 @@ STAMP := $(VENV)/.installed
 # honours SERVING_HOME when it is set), so `make up` and `.venv/bin/serving keys` agree.
 PROFILE ?= cpu-tiny
 # The stack's ports: `make up PORT=9000 ENGINE_PORT=9001` (the launcher's metrics: ENGINE_PORT+1).
-PORT ?= 8000
-ENGINE_PORT ?= 8001
+# Their defaults are serving/ports.py's, read with the system Python (no venv needed).
+PORT ?= $(shell $(PYTHON) -c 'from serving.ports import GATEWAY_PORT; print(GATEWAY_PORT)')
+ENGINE_PORT ?= $(shell $(PYTHON) -c 'from serving.ports import ENGINE_PORT; print(ENGINE_PORT)')
 # vLLM engines `make up` runs, the gateway routing over them: `make up REPLICAS=2`.
 REPLICAS ?= 1
 # `make monitor`'s Prometheus (http://127.0.0.1:$(PROM_PORT)).

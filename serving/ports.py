@@ -2,8 +2,10 @@
 
 The gateway listens on `GATEWAY_PORT`, the first engine on `ENGINE_PORT` (engine i on
 `ENGINE_PORT + 2i`), and each engine's launcher metrics on its engine port + 1
-(`serving/engine/command.py`). The Makefile, monitoring/prometheus/prometheus.yml and the
-Kubernetes manifests are not Python and spell them again (docs/architecture.md, where state lives).
+(`serving/engine/command.py`). The Makefile reads them from here. Prometheus's local config
+(monitoring/prometheus/prometheus.yml) spells them again, checked against these by a test
+and rewritten by `make monitor` for other ports; the Kubernetes manifests' ports are the
+pods' own (the engine listens on 8000 in its pod), another fact.
 """
 
 from __future__ import annotations

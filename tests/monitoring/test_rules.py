@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from monitoring.prometheus import CONFIG, HERE, RUNBOOK, TESTS_DIR, targets
+from monitoring.prometheus.local import stack_targets
 from monitoring.prometheus.ruleset import Rule, load_rules, rule_files
 from monitoring.prometheus.series import (
     CLUSTER_MADE,
@@ -21,6 +22,7 @@ from monitoring.prometheus.series import (
     SCRAPED,
 )
 from monitoring.promql import metric_names
+from serving.ports import ENGINE_PORT, GATEWAY_PORT
 from tests.monitoring.promtool import run_promtool
 
 RULES = load_rules()
@@ -171,6 +173,16 @@ def test_every_scraped_series_is_selected_by_its_job() -> None:
 def test_prometheus_yml_defines_the_jobs_rules_select_on() -> None:
     data = yaml.safe_load(CONFIG.read_text(encoding="utf-8"))
     assert [job["job_name"] for job in data["scrape_configs"]] == list(JOBS)
+
+
+def test_prometheus_yml_scrapes_the_stacks_default_ports() -> None:
+    """The file spells serving/ports.py's ports (YAML cannot read them): kept equal here."""
+    data = yaml.safe_load(CONFIG.read_text(encoding="utf-8"))
+    scraped = {
+        job["job_name"]: job["static_configs"][0]["targets"] for job in data["scrape_configs"]
+    }
+    expected = stack_targets(GATEWAY_PORT, ENGINE_PORT, ENGINE_PORT + 1)
+    assert scraped == {job: [target] for job, target in expected.items()}
 
 
 def test_no_file_under_monitoring_uses_a_metric_vllm_removed() -> None:
