@@ -2,7 +2,10 @@
 
 Three real builds: a short one twice (through the API and the CLI: byte-identical) and the
 full default one through the CLI (the loss falls, greedy output is corpus words). They start
-together: each trains in its own process, so their torch imports overlap.
+together: each trains in its own process, so their torch imports overlap. The default one is
+`serving model tiny` as printed, into the model cache `make up` and the integration tests use
+(serving/paths.py: the checkout's var/ unless SERVING_HOME says otherwise), so a machine
+trains it once for all of them, and a fresh build is still checked wherever there is none.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from serving.cli import main
 from serving.errors import ServingError
 from serving.models import tiny_model, tiny_tokenizer
 from serving.models.cached_build import Progress, read_build_info
-from serving.models.tiny_model import TinyModelParams, ensure_tiny_model
+from serving.models.tiny_model import TinyModelParams, default_model_dir, ensure_tiny_model
 
 SHORT = TinyModelParams(steps=3)
 FILES = {
@@ -44,12 +47,13 @@ def _contents(model_dir: Path) -> dict[str, bytes]:
 @pytest.fixture(scope="module")
 def builds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("builds")
-    paths = {name: root / name for name in ("short", "again", "default")}
+    paths = {name: root / name for name in ("short", "again")}
+    paths["default"] = default_model_dir()
     with ThreadPoolExecutor(max_workers=len(paths)) as pool:
         jobs: list[Future[Any]] = [
             pool.submit(ensure_tiny_model, paths["short"], params=SHORT, progress=QUIET),
             pool.submit(main, ["model", "tiny", "--out", str(paths["again"]), "--steps", "3"]),
-            pool.submit(main, ["model", "tiny", "--out", str(paths["default"])]),
+            pool.submit(main, ["model", "tiny"]),
         ]
         assert [job.result() for job in jobs] == [paths["short"], 0, 0]
     return paths
@@ -231,7 +235,7 @@ def test_cli_reports_bad_steps_in_one_line(capsys: pytest.CaptureFixture[str]) -
 def test_default_build_prints_its_path_and_learned(
     default_build: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(["model", "tiny", "--out", str(default_build)]) == 0  # cached now
+    assert main(["model", "tiny"]) == 0  # cached now
     assert capsys.readouterr().out.strip() == str(default_build)
     info = read_build_info(default_build)
     assert info is not None
