@@ -94,12 +94,19 @@ docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir $(DOCS_SITE)
 
 # The fast tier: lint, types, the docs site and every test that needs no engine, Redis,
-# Prometheus or browser (tests/services.py names what each slow test needs).
+# Prometheus or browser (tests/services.py names what each slow test needs), on every core
+# (pytest-xdist: `make check WORKERS=1` runs them in one process).
+WORKERS ?= auto
 check: lint typecheck docs $(K8S_STAMP)
-	$(BIN)/python -m pytest -q -rfEs --check-tier --durations=10
+	$(BIN)/python -m pytest -q -rfEs --check-tier -n $(WORKERS) --durations=10
 
+# The whole suite: the fast tier as `make check` runs it, then the tests that need a service,
+# in one process (they share one engine stack and measure time; on 2 cores a second process
+# would take the engine's CPU). Both parts run even when the first fails; either fails it.
 test: lint typecheck docs $(SYSTEM_STAMP) $(K8S_STAMP)
-	$(BIN)/python -m pytest -q -rfEs --durations=25
+	@$(BIN)/python -m pytest -q -rfEs --check-tier -n $(WORKERS) --durations=10; fast=$$?; \
+	  $(BIN)/python -m pytest -q -rfEs --service-tier --durations=25; slow=$$?; \
+	  test $$fast -eq 0 -a $$slow -eq 0
 
 # Load tests run against the stack on $(PORT)/$(ENGINE_PORT), starting it when it is not up.
 LOADTEST_OUT ?= var/loadtest

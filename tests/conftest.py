@@ -17,16 +17,26 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         action="store_true",
         help="only the tests that need no engine, Redis, Prometheus or browser (make check)",
     )
+    parser.addoption(
+        "--service-tier",
+        action="store_true",
+        help="only the tests that need an engine, Redis, Prometheus or a browser",
+    )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         services.mark(item)
-    if config.getoption("--check-tier"):
-        slow = [item for item in items if services.needs_a_service(item)]
-        if slow:
-            config.hook.pytest_deselected(items=slow)
-            items[:] = [item for item in items if not services.needs_a_service(item)]
+    fast, slow = config.getoption("--check-tier"), config.getoption("--service-tier")
+    if fast and slow:
+        raise pytest.UsageError("--check-tier and --service-tier leave nothing: pick one")
+    if fast or slow:
+        # --check-tier keeps the tests that need no service, --service-tier the others
+        left = [item for item in items if services.needs_a_service(item) == slow]
+        dropped = [item for item in items if services.needs_a_service(item) != slow]
+        if dropped:
+            config.hook.pytest_deselected(items=dropped)
+            items[:] = left
 
 
 @pytest.hookimpl(wrapper=True)
