@@ -22,7 +22,10 @@ from serving.planner.profile_plan import (
 from serving.profiles import load_profile
 
 
-@pytest.mark.parametrize("name", ["qwen2.5-7b-awq-4090", "qwen2.5-72b-pp2-tp4-2x4090x4"])
+# The profile docs/planner.md and docs/profiles.md plan, an AWQ one and one on two nodes.
+@pytest.mark.parametrize(
+    "name", ["qwen2.5-7b-fp16-tp4-4090", "qwen2.5-7b-awq-4090", "qwen2.5-72b-pp2-tp4-2x4090x4"]
+)
 def test_profile_plan_is_what_serving_plan_prints_for_the_profile(
     name: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
