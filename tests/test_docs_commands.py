@@ -202,6 +202,9 @@ COMMANDS: dict[str, dict[str, Verdict]] = {
         ".venv/bin/python -m pytest -q --check-tier tests/gateway": NotRun(
             "a part of the suite make check runs"
         ),
+        ".venv/bin/python -m pytest -q --service-tier": NotRun(
+            "the part of the suite make test adds"
+        ),
     },
     "docs/tools.md": {".venv/bin/python - <<'PY'": HEREDOC},
     "k8s/README.md": {},  # filled below: most of its steps need a cluster
