@@ -95,7 +95,7 @@ docs: $(STAMP)
 
 # The fast tier: lint, types, the docs site and every test that needs no engine, Redis,
 # Prometheus or browser (tests/services.py names what each slow test needs), on every core
-# (pytest-xdist: `make check WORKERS=1` runs them in one process).
+# (pytest-xdist: `make check WORKERS=0` runs them in pytest's own process, as before).
 WORKERS ?= auto
 check: lint typecheck docs $(K8S_STAMP)
 	$(BIN)/python -m pytest -q -rfEs --check-tier -n $(WORKERS) --durations=10
