@@ -92,11 +92,19 @@ def test_locust_run_through_the_gateway_matches_the_engine_counters(
 # client (0.93-1.11: both clients put the same load on the engine), with a margin. The
 # clients' own mean TTFT ratio ranged 0.51-1.53 there: time spent waiting for a core outside
 # the engine, not a property of either harness; it is held only to the same order (a unit or
-# a clock mistake would be 1000x).
+# a clock mistake would be 1000x). On the AVX-512 machine (2026-12-04) vLLM's client itself
+# waited 5-7x the engine's own first-token time in three runs (its rounds 27-462 ms, the
+# engine's 15-28 ms under both clients, ours 29-169 ms; ratios 0.26, 0.80, 0.32): there its
+# median measures its own waiting, not the engine. So each client is first held to the engine's
+# count under it: ours always (no sooner than the engine made the token, per round and so for
+# the medians; no later than 20x that: a stalled machine adds time outside the engine, 6.6x in
+# one run here, a unit or clock mistake would be 1000x), and the two clients' ratio only when
+# vLLM's median is within TRACKS_ENGINE times the engine's under it.
 QUIET = 0.10
 BUSY_THROUGHPUT = (0.67, 1.5)
 BUSY_ENGINE_TTFT = (0.67, 1.5)
 BUSY_TTFT = (0.33, 3.0)
+TRACKS_ENGINE = 3.0
 
 
 def test_crosscheck_medians_agree_with_vllm_bench(stack: Stack, tmp_path: Path) -> None:
@@ -119,9 +127,12 @@ def test_crosscheck_medians_agree_with_vllm_bench(stack: Stack, tmp_path: Path) 
     if result["noisy"]:
         assert code == 3 and result["verdict"].startswith("INCONCLUSIVE"), result["reasons"]
         assert BUSY_THROUGHPUT[0] < throughput["ratio"] < BUSY_THROUGHPUT[1], comparisons
-        assert BUSY_TTFT[0] < ttft["ratio"] < BUSY_TTFT[1], comparisons
         engine = comparisons["engine's mean TTFT (ms)"]
         assert BUSY_ENGINE_TTFT[0] < engine["ratio"] < BUSY_ENGINE_TTFT[1], comparisons
+        ours, under_ours = ttft["ours"]["median"], engine["ours"]["median"]
+        assert under_ours <= ours <= 20 * under_ours, comparisons
+        if ttft["vllm"]["median"] <= TRACKS_ENGINE * engine["vllm"]["median"]:
+            assert BUSY_TTFT[0] < ttft["ratio"] < BUSY_TTFT[1], comparisons
     else:
         assert abs(throughput["ratio"] - 1) <= QUIET and abs(ttft["ratio"] - 1) <= QUIET
         assert code == 0 and result["verdict"] == "AGREE", comparisons
