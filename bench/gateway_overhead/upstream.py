@@ -5,7 +5,8 @@
 `POST /v1/chat/completions` answers at once (no think time) with 20 completion tokens:
 - JSON: one precomputed body with its `content-length`;
 - `"stream": true`: 20 delta chunks (the last with `finish_reason`), a usage chunk when the
-  request asks for `stream_options.include_usage` (as vLLM does), then `data: [DONE]`; each
+  request asks for `stream_options.include_usage` (as vLLM does; with `continuous_usage_stats`
+  every delta chunk carries the usage so far, as the gateway asks), then `data: [DONE]`; each
   event is its own HTTP chunk and its own socket write, with a yield to the event loop in
   between, so a proxy sees chunks arrive one by one as it would from vLLM.
 `GET /health` and `GET /v1/models` answer 200; anything else is 404.
@@ -93,20 +94,28 @@ def _chunk(event: dict[str, object] | str) -> bytes:
     return f"{len(payload):x}\r\n".encode() + payload + b"\r\n"
 
 
-def _delta(index: int) -> dict[str, object]:
+def _delta(index: int, *, running: bool = False) -> dict[str, object]:
     last = index == COMPLETION_TOKENS - 1
     delta = {"role": "assistant", "content": "tok "} if index == 0 else {"content": "tok "}
     choice = {"index": 0, "delta": delta, "finish_reason": "length" if last else None}
-    return {
+    event: dict[str, object] = {
         "id": _ID,
         "object": "chat.completion.chunk",
         "created": _CREATED,
         "model": MODEL,
         "choices": [choice],
     }
+    if running:
+        event["usage"] = {
+            "prompt_tokens": PROMPT_TOKENS,
+            "total_tokens": PROMPT_TOKENS + index + 1,
+            "completion_tokens": index + 1,
+        }
+    return event
 
 
 DELTA_CHUNKS = tuple(_chunk(_delta(i)) for i in range(COMPLETION_TOKENS))
+RUNNING_DELTA_CHUNKS = tuple(_chunk(_delta(i, running=True)) for i in range(COMPLETION_TOKENS))
 USAGE_CHUNK = _chunk(
     {
         "id": _ID,
@@ -166,7 +175,9 @@ class UpstreamProtocol(asyncio.Protocol):
             if request.get("stream"):
                 options = request.get("stream_options") or {}
                 usage = bool(options.get("include_usage"))
-                self._busy = asyncio.ensure_future(self._stream(transport, usage))
+                running = usage and bool(options.get("continuous_usage_stats"))
+                chunks = RUNNING_DELTA_CHUNKS if running else DELTA_CHUNKS
+                self._busy = asyncio.ensure_future(self._stream(transport, usage, chunks))
                 return
             transport.write(JSON_RESPONSE)
         elif method == b"GET" and self._url == b"/health":
@@ -176,9 +187,11 @@ class UpstreamProtocol(asyncio.Protocol):
         else:
             transport.write(NOT_FOUND_RESPONSE)
 
-    async def _stream(self, transport: asyncio.Transport, usage: bool) -> None:
+    async def _stream(
+        self, transport: asyncio.Transport, usage: bool, chunks: tuple[bytes, ...]
+    ) -> None:
         transport.write(STREAM_HEAD)
-        for chunk in DELTA_CHUNKS:
+        for chunk in chunks:
             await asyncio.sleep(0)
             if transport.is_closing():
                 return

@@ -115,7 +115,10 @@ class Completions:
 
         # forward (to the engine the router picks: with affinity, by the prompt's prefixes)
         strip = parsed.stream and not parsed.client_wants_usage and parsed.kind != "responses"
-        meter = ResponseMeter(strip_usage=strip)
+        meter = ResponseMeter(
+            strip_usage=strip,
+            strip_running=parsed.stream and not parsed.client_wants_running_usage,
+        )
         prefixes: list[int] = []
         if self._proxy.router.wants_prefixes:
             text = prompt_text(parsed.kind, parsed.data)
@@ -138,7 +141,7 @@ class Completions:
             self._running.discard(lease)
             # settle
             await self._settle(lease, decision, parsed, meter, outcome)
-            _record_outcome(record, lease, parsed.prompt_estimate, meter, outcome)
+            _record_outcome(record, lease, _cut_prompt(parsed, meter), meter, outcome)
         if outcome is not None and 200 <= (outcome.upstream_status or 0) < 300:
             self._catalog.learn(parsed.model)
 
@@ -157,13 +160,14 @@ class Completions:
         outcome: ProxyOutcome | None,
     ) -> None:
         engine = self._engine
-        # An aborted request is charged its prompt (the estimate: vLLM's count never came)
-        # and what was generated: in a stream, one token per event; otherwise every choice's
-        # whole max_tokens, all of which the engine may have produced.
-        prompt = parsed.prompt_estimate
+        # An aborted request is charged its prompt and what was generated: in a stream,
+        # vLLM's running count as far as it was read (`ResponseMeter.streamed_tokens`);
+        # otherwise the prompt estimate and every choice's whole max_tokens, all of which
+        # the engine may have produced.
+        prompt = _cut_prompt(parsed, meter)
         seen = admission.max_tokens * parsed.choices
         if parsed.stream:
-            seen = min(meter.events, seen)
+            seen = min(meter.streamed_tokens(parsed.choices), seen)
         usage = meter.usage
         if outcome is None:  # cancelled (shutdown) or a bug: nothing is known
             await engine.abort(lease, prompt, seen)
@@ -183,14 +187,23 @@ class Completions:
             await engine.settle(lease, None, None)
 
 
+def _cut_prompt(parsed: CompletionRequest, meter: ResponseMeter) -> int:
+    """The prompt tokens a request without a final usage is charged: vLLM's count from a
+    chat stream's running usage, else the estimate (an upper bound). A completions chunk
+    counts only its own prompt's tokens, so several prompts keep the estimate."""
+    running = meter.running_usage if parsed.stream and parsed.kind == "chat" else None
+    return parsed.prompt_estimate if running is None else running.prompt_tokens
+
+
 def _record_outcome(
     record: RequestRecord,
     lease: Lease,
-    prompt_estimate: int,
+    prompt_charged: int,
     meter: ResponseMeter,
     outcome: ProxyOutcome | None,
 ) -> None:
-    """What the metrics need to know of a settled request."""
+    """What the metrics need to know of a settled request (`prompt_charged`: the prompt
+    tokens charged when vLLM's final usage never came)."""
     if outcome is not None:
         record.note_exchange(outcome)
         problem = "in_band" if meter.inband_error else meter.problem
@@ -204,7 +217,7 @@ def _record_outcome(
     if usage is not None:
         record.prompt_tokens = min(usage.prompt_tokens, charged)
     elif charged:
-        record.prompt_tokens = min(prompt_estimate, charged)
+        record.prompt_tokens = min(prompt_charged, charged)
     record.completion_tokens = charged - record.prompt_tokens
 
 

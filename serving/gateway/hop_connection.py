@@ -83,6 +83,7 @@ class HopResponse:
         "content_length",
         "content_type",
         "headers",
+        "held_back",
         "keep_alive",
         "received",
         "status",
@@ -102,6 +103,8 @@ class HopResponse:
         """The body has neither a length nor chunks: it ends when the connection closes."""
         self.complete = False
         self.received = False
+        self.held_back = False
+        """Reading from the upstream was paused at least once: the reader fell behind."""
         self._chunks: list[bytes] = []
         self._error: HopError | None = None
         self._waiter: asyncio.Future[None] | None = None
@@ -320,6 +323,7 @@ class HopConnection(asyncio.Protocol):
         self._buffered += len(body)
         if self._buffered > HIGH_WATER and not self._paused and self.transport is not None:
             self._paused = True
+            response.held_back = True
             self.transport.pause_reading()
         response._wake()
 

@@ -69,6 +69,8 @@ class CompletionRequest:
     stream: bool
     client_wants_usage: bool
     """The client asked for the usage chunk itself (`stream_options.include_usage`)."""
+    client_wants_running_usage: bool
+    """... and for usage in every chunk too (`stream_options.continuous_usage_stats`)."""
     requested_max_tokens: int | None
     """What vLLM would use: max_completion_tokens if set, else max_tokens (None: neither)."""
     choices: int
@@ -95,13 +97,18 @@ def parse_completion_request(
         raise _invalid("model", f"'model' must be a non-empty string, got {model!r}.")
     check_fields(kind, data)
     stream = _optional_bool(data, "stream")
-    wants_usage = False
+    wants_usage = wants_running = False
     if kind != "responses":  # a Responses stream always ends with its usage
         options = data.get("stream_options")
         if options is not None and not isinstance(options, dict):
             raise _invalid("stream_options", "'stream_options' must be an object or null.")
         wants_usage = options is not None and _optional_bool(
             options, "include_usage", "stream_options"
+        )
+        wants_running = (
+            options is not None
+            and wants_usage
+            and _optional_bool(options, "continuous_usage_stats", "stream_options")
         )
     requested = _max_tokens(data, kind)
     images = images or ImagePolicy.defaults()
@@ -130,6 +137,7 @@ def parse_completion_request(
         model=model,
         stream=stream,
         client_wants_usage=wants_usage,
+        client_wants_running_usage=wants_running,
         requested_max_tokens=requested,
         choices=n * prompts,
         prompt_estimate=estimate,
@@ -155,10 +163,15 @@ def check_tokenize_body(body: bytes, images: ImagePolicy) -> None:
 
 
 def render_upstream_body(request: CompletionRequest, *, max_tokens: int) -> bytes:
-    """The body sent to vLLM: the admitted max_tokens, and usage always asked for in chat
-    and completion streams (the usage chunk is stripped again when the client did not ask
-    for it). The client's own bytes when nothing changes."""
-    force_usage = request.stream and not request.client_wants_usage and request.kind != "responses"
+    """The body sent to vLLM: the admitted max_tokens, and in chat and completion streams
+    usage always asked for, in every chunk too (`continuous_usage_stats`): a stream cut
+    short is charged vLLM's own count so far, which one token per event undercounts once
+    vLLM merged tokens into one event for a reader that fell behind. What the client did
+    not ask for is stripped again (`ResponseMeter`). The client's own bytes when nothing
+    changes."""
+    force_usage = (
+        request.stream and not request.client_wants_running_usage and request.kind != "responses"
+    )
     if request.requested_max_tokens == max_tokens and not force_usage:
         return request.body
     data = request.data
@@ -169,7 +182,8 @@ def render_upstream_body(request: CompletionRequest, *, max_tokens: int) -> byte
         if data.get("max_completion_tokens") is not None:  # vLLM prefers it
             data["max_completion_tokens"] = max_tokens
     if force_usage:
-        data["stream_options"] = {"include_usage": True}
+        options = data.get("stream_options") or {}
+        data["stream_options"] = options | {"include_usage": True, "continuous_usage_stats": True}
     return json.dumps(data, separators=(",", ":")).encode()
 
 

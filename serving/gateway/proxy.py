@@ -67,6 +67,10 @@ ERROR_BODY_LIMIT = 64 * 1024
 # Every tick, requests that were already running at the previous one get a task watching
 # for their client's disconnect.
 WATCH_TICK_S = 0.05
+# A client that stopped reading and went away: what the upstream sent meanwhile is read and
+# metered (not relayed) for at most this long, or until nothing came for DRAIN_IDLE_S.
+DRAIN_S = 1.0
+DRAIN_IDLE_S = 0.2
 
 
 @dataclass(slots=True)
@@ -258,6 +262,7 @@ class Proxy:
         await send({"type": "http.response.start", "status": response.status, "headers": headers})
         last = b"\n\n"
         first = True
+        sending = False
         try:
             while chunk := await response.read():
                 if meter is not None:
@@ -271,7 +276,16 @@ class Proxy:
                 if first:
                     first = False
                     outcome.first_byte_at = time.perf_counter()
+                sending = True
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                sending = False
+        except asyncio.CancelledError:
+            # Behind: cancelled while a send waited for the client, or the upstream had to
+            # wait for us (the server may wake the send before the watcher on a disconnect).
+            behind = sending or response.held_back
+            if behind and sse and meter is not None and outcome.client_disconnected:
+                await _drain(response, meter)
+            raise
         except UPSTREAM_FAILURES as exc:
             outcome.upstream_done_at = time.perf_counter()
             error = self._record(exc, request, outcome)
@@ -366,6 +380,28 @@ class Proxy:
         await send_error(
             send, error, request_id=request.request_id, headers=request.response_headers
         )
+
+
+async def _drain(response: HopResponse, meter: ResponseMeter) -> None:
+    """Meter what the upstream already sent but the client never read, then let it go.
+
+    vLLM does not wait for a slow reader: it goes on generating and merges what was not
+    read yet into its next event. When a client that stopped reading goes away, those
+    tokens were made all the same and are charged: read (never relayed) until the stream
+    ends, nothing comes for `DRAIN_IDLE_S`, or `DRAIN_S` have passed; closing the
+    response afterwards is what aborts the request in vLLM."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + DRAIN_S
+    try:
+        while (left := deadline - loop.time()) > 0:
+            chunk = await asyncio.wait_for(response.read(), min(left, DRAIN_IDLE_S))
+            if not chunk:
+                break
+            meter.feed(chunk)
+    except TimeoutError:
+        pass
+    except UPSTREAM_FAILURES:
+        pass
 
 
 class _DisconnectWatch:

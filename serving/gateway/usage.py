@@ -4,6 +4,11 @@
     meter.read_json(body)                  # a whole JSON body
     out = meter.feed(chunk) ... meter.end()  # an SSE stream: returns the bytes to relay
 
+In chat and completion streams the gateway asks vLLM for usage in every chunk too
+(`continuous_usage_stats`): `running_usage` is the last such count (what a stream cut short
+is charged), and unless the client asked for them the per-chunk objects are cut out again
+(one C-level regex pass over a chunk that holds one).
+
 The Responses API reports its usage as `input_tokens` / `output_tokens`, in the body or, when
 streamed, in the final `response.completed` (or `response.incomplete`) event; it is never
 stripped there.
@@ -44,6 +49,10 @@ _NO_USAGE = re.compile(rb'"usage"\s*:\s*null')
 _PROMPT_TOKENS = re.compile(rb'"(?:prompt|input)_tokens"\s*:\s*(\d+)')
 _COMPLETION_TOKENS = re.compile(rb'"(?:completion|output)_tokens"\s*:\s*(\d+)')
 _NO_CHOICES = re.compile(rb'"choices"\s*:\s*\[\s*\]')
+# vLLM's per-chunk usage right after a non-empty choices array (the final usage chunk's
+# choices are empty): `}],"usage":{...}` as its compact JSON writes it.
+_RUNNING_AT = b'}],"usage":{'
+_RUNNING = re.compile(rb'(?<=\}\]),"usage":(\{[^{}]*(?:\{[^{}]*\}[^{}]*)*\})')
 
 
 class Usage(NamedTuple):
@@ -60,16 +69,49 @@ def usage_in(text: bytes) -> Usage | None:
 
 
 class ResponseMeter:
-    __slots__ = ("_pending", "_tail", "events", "inband_error", "problem", "strip_usage", "usage")
+    __slots__ = (
+        "_pending",
+        "_running",
+        "_tail",
+        "events",
+        "inband_error",
+        "problem",
+        "strip_running",
+        "strip_usage",
+        "usage",
+    )
 
-    def __init__(self, *, strip_usage: bool) -> None:
+    def __init__(self, *, strip_usage: bool, strip_running: bool = False) -> None:
         self.strip_usage = strip_usage
+        """Drop the final usage chunk (the client did not ask for it)."""
+        self.strip_running = strip_running
+        """Cut the usage out of every other chunk (the client did not ask for that)."""
         self.usage: Usage | None = None
+        """The final usage (chunk), or the usage of a whole body."""
         self.events = 0
         self.inband_error = False
         self.problem: str | None = None
         self._pending = b""
+        self._running = b""
         self._tail = b""
+
+    @property
+    def running_usage(self) -> Usage | None:
+        """vLLM's count at the last chunk that carried one (per choice: with n > 1 each
+        chunk counts its own choice's tokens)."""
+        return usage_in(self._running) if self._running else None
+
+    def streamed_tokens(self, choices: int) -> int:
+        """Completion tokens of a stream cut short, never below what vLLM made of it as far
+        as the gateway read: vLLM's running count, or one token per event without one.
+        With n > 1 the count is one choice's, and the others' events for the same step may
+        still be on their way: (count + 1) per choice."""
+        running = self.running_usage
+        if running is None:
+            return self.events
+        if choices == 1:
+            return running.completion_tokens
+        return max(self.events, (running.completion_tokens + 1) * choices)
 
     # -- whole bodies ----------------------------------------------------------------------
 
@@ -102,6 +144,8 @@ class ResponseMeter:
             self.events += fields
             if fields < chunk.count(b"\n\n"):
                 self._problem("bad_sse")
+            if _RUNNING_AT in chunk:
+                chunk = self._take_running(chunk)
             if b'"usage"' in chunk or b'"error"' in chunk:
                 return self._inspect(chunk)
             return chunk
@@ -127,6 +171,8 @@ class ResponseMeter:
         # Every event vLLM sends has a data field: fewer fields than events is not its SSE.
         if fields < complete.count(b"\n\n") or not complete.startswith(_FIELDS):
             self._problem("bad_sse")
+        if _RUNNING_AT in complete:
+            complete = self._take_running(complete)
         if b'"usage"' in complete or b'"error"' in complete:
             return self._inspect(complete)
         return complete
@@ -145,6 +191,25 @@ class ResponseMeter:
     def discard_pending(self) -> None:
         """Forget a partial event (the stream failed; half an event must not be relayed)."""
         self._pending = b""
+
+    def _take_running(self, block: bytes) -> bytes:
+        """Keep the last per-chunk usage of `block`; cut them all out unless asked for."""
+        # vLLM writes one event per chunk: the last occurrence is found with a few C-level
+        # scans (its object nests at most one level, as `_USAGE` reads) and cut by slicing;
+        # a block of several events takes the regex over all of them.
+        at = block.rfind(_RUNNING_AT) + 2  # the comma after `}]`
+        brace = at + len(b',"usage":')
+        end = block.find(b"}", brace)
+        if block.find(b"{", brace + 1, end) >= 0:  # a nested object closes first
+            end = block.find(b"}", end + 1)
+        if end < 0:
+            return block
+        self._running = block[brace : end + 1]
+        if not self.strip_running:
+            return block
+        if block.find(_RUNNING_AT, 0, at) < 0:
+            return block[:at] + block[end + 1 :]
+        return _RUNNING.sub(b"", block)
 
     def _inspect(self, block: bytes) -> bytes:
         if block.count(b"\n") == 2 and block.endswith(b"\n\n"):  # one event, one line
@@ -187,8 +252,10 @@ class ResponseMeter:
         if usage is None:
             self._problem("bad_json")
             return False
+        if _NO_CHOICES.search(payload) is None:
+            return False  # a chunk's running usage (`_take_running` kept it), not the final
         self.usage = usage
-        return self.strip_usage and _NO_CHOICES.search(payload) is not None
+        return self.strip_usage
 
     def _read_error(self, payload: bytes) -> None:
         """An in-band error is an event whose JSON object has a top-level `error` (rare:

@@ -64,7 +64,7 @@ def test_stream_gets_usage_upstream_but_not_downstream_and_is_charged_as_reporte
     assert all("usage" not in json.loads(event) for event in events[:-1])
     [sent] = upstream.received(token)
     assert sent["max_tokens"] == 3  # capped by the key
-    assert sent["stream_options"] == {"include_usage": True}
+    assert sent["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
     assert settled(keyed)
     # Charged what the fake reported: 3 prompt + 3 completion (max_tokens=3 words).
     assert key_usage(keyed, key_id) == (0, 1, 6, 6)

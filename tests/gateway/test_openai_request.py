@@ -119,17 +119,21 @@ def test_render_sets_max_tokens_and_forces_usage_in_streams() -> None:
     assert not request.client_wants_usage
     sent = json.loads(render_upstream_body(request, max_tokens=20))
     assert sent["max_tokens"] == sent["max_completion_tokens"] == 20
-    assert sent["stream_options"] == {"include_usage": True}
+    assert sent["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
     assert sent["messages"] == [{"role": "user", "content": "hi"}]
 
     asked = parse_completion_request(
         "chat", chat(stream=True, stream_options={"include_usage": True, "x": 1})
     )
     assert asked.client_wants_usage
+    assert not asked.client_wants_running_usage
     kept = json.loads(render_upstream_body(asked, max_tokens=5))
-    assert kept["stream_options"] == {"include_usage": True, "x": 1}
+    running = {"include_usage": True, "x": 1, "continuous_usage_stats": True}
+    assert kept["stream_options"] == running
 
-    unchanged = chat(max_tokens=3, stream=True, stream_options={"include_usage": True})
+    options = {"include_usage": True, "continuous_usage_stats": True}
+    unchanged = chat(max_tokens=3, stream=True, stream_options=options)
+    assert parse_completion_request("chat", unchanged).client_wants_running_usage
     request = parse_completion_request("chat", unchanged)
     assert render_upstream_body(request, max_tokens=3) is unchanged  # nothing to rewrite
 

@@ -128,3 +128,71 @@ def test_usage_of_null_is_not_a_problem() -> None:
     chunk = sse({**chat_chunk(0, "a"), "usage": None})
     assert meter.feed(chunk) == chunk
     assert meter.usage is None and meter.problem is None
+
+
+# -- usage in every chunk (continuous_usage_stats), as vLLM's compact JSON writes it --------
+
+
+def running_chunk(content: str, completion_tokens: int, index: int = 0) -> bytes:
+    """A chunk of vLLM's chat stream with the usage so far (captured from vLLM 0.32)."""
+    return (
+        b'data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,'
+        b'"model":"qwen3-tiny","choices":[{"index":%d,"delta":{"content":"%s"},'
+        b'"logprobs":null,"finish_reason":null,"token_ids":null}],"usage":{"prompt_tokens":14,'
+        b'"total_tokens":%d,"completion_tokens":%d}}\n\n'
+        % (index, content.encode(), 14 + completion_tokens, completion_tokens)
+    )
+
+
+def without_usage(chunk: bytes) -> bytes:
+    start = chunk.index(b',"usage":')
+    return chunk[:start] + chunk[chunk.index(b"}", start) + 1 :]
+
+
+# vLLM merged three tokens into the second event for a reader that fell behind.
+RUNNING = [running_chunk("a", 1), running_chunk(" b c d", 4), running_chunk(" e", 5)]
+FINAL = sse(usage_chunk(True, completion_tokens=5)).replace(b", ", b",").replace(b": ", b":")
+
+
+def test_running_usage_is_kept_as_vllms_count_and_cut_out_unless_asked() -> None:
+    meter = ResponseMeter(strip_usage=True, strip_running=True)
+    out = relay(meter, [*RUNNING, FINAL, DONE])
+    assert out == b"".join([*map(without_usage, RUNNING), DONE])
+    assert b'"usage"' not in out
+    assert meter.running_usage == Usage(14, 5) and meter.usage == Usage(3, 5)
+
+    asked = ResponseMeter(strip_usage=False, strip_running=False)
+    assert relay(asked, [*RUNNING, FINAL, DONE]) == b"".join([*RUNNING, FINAL, DONE])
+    assert asked.running_usage == Usage(14, 5) and asked.usage == Usage(3, 5)
+
+
+def test_the_final_usage_is_kept_while_running_usage_is_cut() -> None:
+    meter = ResponseMeter(strip_usage=False, strip_running=True)
+    assert relay(meter, [*RUNNING, FINAL]) == b"".join([*map(without_usage, RUNNING), FINAL])
+
+
+def test_a_cut_stream_counts_vllms_tokens_not_its_events() -> None:
+    meter = ResponseMeter(strip_usage=True, strip_running=True)
+    relay(meter, RUNNING[:2])  # cut after the merged event
+    assert (meter.events, meter.streamed_tokens(1)) == (2, 4)
+    assert meter.usage is None  # a running count is not a finished response's usage
+    plain = ResponseMeter(strip_usage=True)
+    relay(plain, TOKENS[:2])  # no running usage (not asked upstream): one token per event
+    assert plain.streamed_tokens(1) == 2
+
+
+def test_with_several_choices_the_count_bounds_every_choice() -> None:
+    meter = ResponseMeter(strip_usage=True, strip_running=True)
+    # Choice 1 at 3 tokens; choice 0's event for the same step may still be on its way.
+    relay(meter, [running_chunk("a", 2, index=0), running_chunk("b", 3, index=1)])
+    assert meter.streamed_tokens(2) == (3 + 1) * 2
+
+
+@given(st.lists(st.integers(min_value=0, max_value=200), max_size=8))
+def test_running_usage_survives_any_chunking(cuts: list[int]) -> None:
+    stream = b"".join([*RUNNING, FINAL, DONE])
+    edges = [0, *sorted(cut % len(stream) for cut in cuts), len(stream)]
+    pieces = [stream[a:b] for a, b in itertools.pairwise(edges)]
+    meter = ResponseMeter(strip_usage=True, strip_running=True)
+    assert relay(meter, pieces) == b"".join([*map(without_usage, RUNNING), DONE])
+    assert meter.running_usage == Usage(14, 5)

@@ -8,7 +8,9 @@ store the stack's gateway reads; charges are read back from the gateway's /metri
 
 from __future__ import annotations
 
+import json
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -22,7 +24,13 @@ from openai.types.chat import ChatCompletionMessageParam
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.integration.conftest import MODEL, REPO, Stack, eventually, read_tokens, serving_env
-from tests.integration.test_disconnect import ATTEMPTS, finished, running_requests
+from tests.integration.test_disconnect import (
+    ATTEMPTS,
+    engine_count,
+    finished,
+    generated,
+    running_requests,
+)
 
 LONG: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Tell me a long story."}]
 SHORT: list[ChatCompletionMessageParam] = [
@@ -83,6 +91,8 @@ def client(stack: Stack, secret: str) -> openai.OpenAI:
 
 def test_disconnect_mid_stream_frees_slot_and_engine_and_charges_once(stack: Stack) -> None:
     key_id, secret = create_key(stack, "case-4", "--max-concurrency", "1")
+    eventually(lambda: idle(stack))
+    prompts = engine_count(stack.engine_url, "vllm:prompt_tokens_total")
     stream = client(stack, secret).chat.completions.create(
         model=MODEL, messages=LONG, max_tokens=1800, stream=True,
         extra_body={"ignore_eos": True},
@@ -95,12 +105,39 @@ def test_disconnect_mid_stream_frees_slot_and_engine_and_charges_once(stack: Sta
     eventually(lambda: idle(stack))
     completion = charged(stack, key_id, "completion")
     assert 3 <= completion < 1800  # what was relayed, not the reservation
-    assert charged(stack, key_id, "prompt") > 0
+    # vLLM's own prompt count (from the running usage), not the gateway's estimate.
+    prompt = engine_count(stack.engine_url, "vllm:prompt_tokens_total") - prompts
+    assert charged(stack, key_id, "prompt") == prompt > 0
     time.sleep(1)
     assert charged(stack, key_id, "completion") == completion  # charged once
     # The slot is free again (the key allows one request at a time).
     reply = client(stack, secret).chat.completions.create(model=MODEL, messages=SHORT, max_tokens=4)
     assert reply.usage is not None and reply.usage.completion_tokens <= 4
+
+
+def test_a_stream_the_client_stopped_reading_is_charged_what_vllm_generated(stack: Stack) -> None:
+    """vLLM does not wait for a slow reader: it goes on generating and merges what the
+    gateway has not read yet into its next event. A client that stops reading and closes
+    once the engine is done must be charged what vLLM made, not what reached it."""
+    key_id, secret = create_key(stack, "case-4-unread", "--max-concurrency", "1")
+    url = stack.engine_url
+    eventually(lambda: idle(stack))
+    before = generated(url)
+    body = json.dumps({"model": MODEL, "messages": LONG, "max_tokens": 1800, "n": 8,
+                       "ignore_eos": True, "stream": True}).encode()  # fmt: skip
+    host, port = stack.gateway_url.removeprefix("http://").split(":")
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connecting
+        sock.connect((host, int(port)))
+        head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\n"
+                f"Authorization: Bearer {secret}\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n")  # fmt: skip
+        sock.sendall(head.encode() + body)
+        assert sock.recv(12).startswith(b"HTTP/1.1 200")
+        # 14,400 tokens of SSE are megabytes: far more than the sockets hold unread.
+        eventually(lambda: generated(url) - before >= 8 * 1800, budget_s=120)
+    eventually(lambda: idle(stack))
+    assert charged(stack, key_id, "completion") == generated(url) - before == 8 * 1800
 
 
 # -- case 5: disconnect before the first token, or on a non-streaming call ---------------
