@@ -115,9 +115,11 @@ class Completions:
 
         # forward (to the engine the router picks: with affinity, by the prompt's prefixes)
         strip = parsed.stream and not parsed.client_wants_usage and parsed.kind != "responses"
+        running = parsed.stream and parsed.kind != "responses"  # see render_upstream_body
         meter = ResponseMeter(
             strip_usage=strip,
-            strip_running=parsed.stream and not parsed.client_wants_running_usage,
+            running=running,
+            strip_running=running and not parsed.client_wants_running_usage,
         )
         prefixes: list[int] = []
         if self._proxy.router.wants_prefixes:

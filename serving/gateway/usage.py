@@ -76,14 +76,20 @@ class ResponseMeter:
         "events",
         "inband_error",
         "problem",
+        "running",
         "strip_running",
         "strip_usage",
         "usage",
     )
 
-    def __init__(self, *, strip_usage: bool, strip_running: bool = False) -> None:
+    def __init__(
+        self, *, strip_usage: bool, running: bool = False, strip_running: bool = False
+    ) -> None:
         self.strip_usage = strip_usage
         """Drop the final usage chunk (the client did not ask for it)."""
+        self.running = running
+        """Chunks carry running usage (a chat or completion stream that asked for it); the
+        final usage is then only the chunk without choices. The Responses API has none."""
         self.strip_running = strip_running
         """Cut the usage out of every other chunk (the client did not ask for that)."""
         self.usage: Usage | None = None
@@ -144,7 +150,7 @@ class ResponseMeter:
             self.events += fields
             if fields < chunk.count(b"\n\n"):
                 self._problem("bad_sse")
-            if _RUNNING_AT in chunk:
+            if self.running and _RUNNING_AT in chunk:
                 chunk = self._take_running(chunk)
             if b'"usage"' in chunk or b'"error"' in chunk:
                 return self._inspect(chunk)
@@ -171,7 +177,7 @@ class ResponseMeter:
         # Every event vLLM sends has a data field: fewer fields than events is not its SSE.
         if fields < complete.count(b"\n\n") or not complete.startswith(_FIELDS):
             self._problem("bad_sse")
-        if _RUNNING_AT in complete:
+        if self.running and _RUNNING_AT in complete:
             complete = self._take_running(complete)
         if b'"usage"' in complete or b'"error"' in complete:
             return self._inspect(complete)
@@ -252,10 +258,11 @@ class ResponseMeter:
         if usage is None:
             self._problem("bad_json")
             return False
-        if _NO_CHOICES.search(payload) is None:
-            return False  # a chunk's running usage (`_take_running` kept it), not the final
+        final = _NO_CHOICES.search(payload) is not None
+        if self.running and not final:
+            return False  # a chunk's running usage (`_take_running` kept it)
         self.usage = usage
-        return self.strip_usage
+        return self.strip_usage and final
 
     def _read_error(self, payload: bytes) -> None:
         """An in-band error is an event whose JSON object has a top-level `error` (rare:

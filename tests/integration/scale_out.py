@@ -82,9 +82,12 @@ LEASE_TTL_S = 10.0
 # A short chat request: a few tokens, cheap for the engines.
 
 
-def long_stream(max_tokens: int = 1800, *, usage: bool = False) -> dict[str, Any]:
+def long_stream(
+    max_tokens: int = 1800, *, usage: bool = False, running: bool = False
+) -> dict[str, Any]:
     """A chat stream of `max_tokens` tokens (EOS ignored): one to ten seconds of the tiny
-    model here, depending on what else runs."""
+    model here, depending on what else runs. `usage`: vLLM's usage chunk at the end;
+    `running`: vLLM's count so far in every chunk too."""
     body: dict[str, Any] = {
         "model": MODEL,
         "messages": [{"role": "user", "content": "Tell me a long story."}],
@@ -92,8 +95,8 @@ def long_stream(max_tokens: int = 1800, *, usage: bool = False) -> dict[str, Any
         "stream": True,
         "ignore_eos": True,
     }
-    if usage:
-        body["stream_options"] = {"include_usage": True}
+    if usage or running:
+        body["stream_options"] = {"include_usage": True, "continuous_usage_stats": running}
     return body
 
 
