@@ -139,14 +139,15 @@ def running_chunk(content: str, completion_tokens: int, index: int = 0) -> bytes
         b'data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,'
         b'"model":"qwen3-tiny","choices":[{"index":%d,"delta":{"content":"%s"},'
         b'"logprobs":null,"finish_reason":null,"token_ids":null}],"usage":{"prompt_tokens":14,'
-        b'"total_tokens":%d,"completion_tokens":%d}}\n\n'
+        b'"total_tokens":%d,"completion_tokens":%d,"completion_tokens_details":'
+        b'{"reasoning_tokens":0}}}\n\n'
         % (index, content.encode(), 14 + completion_tokens, completion_tokens)
     )
 
 
 def without_usage(chunk: bytes) -> bytes:
     start = chunk.index(b',"usage":')
-    return chunk[:start] + chunk[chunk.index(b"}", start) + 1 :]
+    return chunk[:start] + chunk[chunk.index(b"}}", start) + 2 :]
 
 
 # vLLM merged three tokens into the second event for a reader that fell behind.
