@@ -237,10 +237,12 @@ def test_ten_thousand_requests_with_aborts_are_each_charged_once(churn: Churn) -
         books_agree(churn, record.key_id, f"round {round_number} ({took:.0f}s)")
     elapsed = time.monotonic() - started
     assert seen["aborted"] + seen["stream"] + seen["json"] == ROUNDS * PER_ROUND
-    # A fifth meant to abort; most of them did (the rest finished before their client gave
-    # up), and for some the replica was still relaying: it closed the upstream request.
+    # A fifth meant to abort; many of them did, the rest finished before their client gave up
+    # (for some the replica was still relaying: it closed the upstream request). A stream
+    # lasts about 50 ms here, a JSON answer a few, against a 0-60 ms wait: about half abort,
+    # fewer the faster the machine (47% on a clean-clone run), so the bound is a quarter.
     assert 0.17 * ROUNDS * PER_ROUND < seen["meant to abort"] < 0.23 * ROUNDS * PER_ROUND
-    assert seen["meant to abort"] / 2 < seen["aborted"] <= seen["meant to abort"]
+    assert seen["meant to abort"] / 4 < seen["aborted"] <= seen["meant to abort"]
     closed = sum(churn.upstream.seen(f"{token}:cancelled") for token in abandoned)
     assert closed > 0
     before_response = sum(
