@@ -114,10 +114,9 @@ class Completions:
             raise
 
         # forward (to the engine the router picks: with affinity, by the prompt's prefixes)
-        strip = parsed.stream and not parsed.client_wants_usage and parsed.kind != "responses"
-        running = parsed.stream and parsed.kind != "responses"  # see render_upstream_body
+        running = parsed.usage_upstream
         meter = ResponseMeter(
-            strip_usage=strip,
+            strip_usage=running and not parsed.client_wants_usage,
             running=running,
             strip_running=running and not parsed.client_wants_running_usage,
         )

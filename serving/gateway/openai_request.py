@@ -80,6 +80,12 @@ class CompletionRequest:
     longest_prompt_estimate: int
 
     @property
+    def usage_upstream(self) -> bool:
+        """A chat or completion stream: vLLM is asked for its usage, at the end and in every
+        chunk (`render_upstream_body`). A Responses stream always ends with its own."""
+        return self.stream and self.kind != "responses"
+
+    @property
     def max_tokens_field(self) -> str:
         """The field the client set max_tokens in (or the route's usual one)."""
         names = _MAX_TOKENS_FIELDS[self.kind]
@@ -169,9 +175,7 @@ def render_upstream_body(request: CompletionRequest, *, max_tokens: int) -> byte
     vLLM merged tokens into one event for a reader that fell behind. What the client did
     not ask for is stripped again (`ResponseMeter`). The client's own bytes when nothing
     changes."""
-    force_usage = (
-        request.stream and not request.client_wants_running_usage and request.kind != "responses"
-    )
+    force_usage = request.usage_upstream and not request.client_wants_running_usage
     if request.requested_max_tokens == max_tokens and not force_usage:
         return request.body
     data = request.data

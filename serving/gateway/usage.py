@@ -149,7 +149,7 @@ class ResponseMeter:
             self.events += fields
             if fields < chunk.count(b"\n\n"):
                 self._problem("bad_sse")
-            if self.running and _RUNNING_AT in chunk:
+            if self.running:
                 chunk = self._take_running(chunk)
             if b'"usage"' in chunk or b'"error"' in chunk:
                 return self._inspect(chunk)
@@ -176,7 +176,7 @@ class ResponseMeter:
         # Every event vLLM sends has a data field: fewer fields than events is not its SSE.
         if fields < complete.count(b"\n\n") or not complete.startswith(_FIELDS):
             self._problem("bad_sse")
-        if self.running and _RUNNING_AT in complete:
+        if self.running:
             complete = self._take_running(complete)
         if b'"usage"' in complete or b'"error"' in complete:
             return self._inspect(complete)
@@ -198,7 +198,7 @@ class ResponseMeter:
         self._pending = b""
 
     def _take_running(self, block: bytes) -> bytes:
-        """Keep the last per-chunk usage of `block`; cut them all out unless asked for.
+        """Keep the last per-chunk usage of `block` (if any); cut them all out unless asked for.
 
         A few C-level scans per event (a usage object nests at most one level, as `_USAGE`
         reads), no regex: under load the upstream's events arrive several to a read, and a

@@ -18,9 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import psutil
 import pytest
 from openai import OpenAI
+from prometheus_client.parser import text_string_to_metric_families
 
 from serving.engine.process import http_ok
 from tests.ports import free_port
@@ -111,6 +113,26 @@ def eventually(check: Callable[[], bool], budget_s: float = 10, poll_s: float = 
         time.sleep(poll_s)
         slept = time.monotonic() - before
         spent += slept if slept < poll_s + 1.0 else poll_s
+
+
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+def scrape(url: str) -> Samples:
+    """One sample of a Prometheus endpoint, by (name, labels)."""
+    response = httpx.get(f"{url}/metrics", timeout=10)
+    assert response.status_code == 200, response.text[:300]
+    return {
+        (sample.name, frozenset(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families(response.text)
+        for sample in family.samples
+    }
+
+
+def total(samples: Samples, name: str, **labels: str) -> float:
+    """The sum of every series of `name` whose labels include `labels`."""
+    wanted = set(labels.items())
+    return sum(value for (got, tags), value in samples.items() if got == name and wanted <= tags)
 
 
 def read_tokens(stream: Iterable[Any], count: int = 3) -> int:

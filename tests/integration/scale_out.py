@@ -28,7 +28,6 @@ from typing import Any, TypeVar
 import httpx
 import openai
 import redis
-from prometheus_client.parser import text_string_to_metric_families
 
 from serving.engine.process import http_ok
 from serving.gateway.quota import Scope
@@ -38,8 +37,11 @@ from tests.gateway.quota.redis_server import RedisServer
 from tests.integration.conftest import (
     MODEL,
     REPO,
+    Samples,
     eventually,
+    scrape,
     serving_env,
+    total,
 )
 from tests.integration.scale_out_clients import SHORT as SHORT
 from tests.integration.scale_out_clients import Load as Load
@@ -60,7 +62,6 @@ from tests.integration.test_gateway_quota import create_key
 from tests.ports import free_port
 
 T = TypeVar("T")
-Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 # Only bounds how long a broken start hangs; never waited out when things work.
 GATEWAY_START_S = 60.0
@@ -112,23 +113,6 @@ def refuses_connections(url: str) -> bool:
     except httpx.HTTPError:
         return False
     return False
-
-
-def scrape(url: str) -> Samples:
-    """One sample of a Prometheus endpoint, by (name, labels)."""
-    response = httpx.get(f"{url}/metrics", timeout=10)
-    assert response.status_code == 200, response.text[:300]
-    return {
-        (sample.name, frozenset(sample.labels.items())): sample.value
-        for family in text_string_to_metric_families(response.text)
-        for sample in family.samples
-    }
-
-
-def total(samples: Samples, name: str, **labels: str) -> float:
-    """The sum of every series of `name` whose labels include `labels`."""
-    wanted = set(labels.items())
-    return sum(value for (got, tags), value in samples.items() if got == name and wanted <= tags)
 
 
 # -- gateways ---------------------------------------------------------------------------

@@ -7,7 +7,7 @@ import urllib.request
 
 import pytest
 
-from tests.integration.conftest import MODEL, Stack, eventually, read_tokens
+from tests.integration.conftest import MODEL, Stack, eventually, read_tokens, scrape, total
 
 RUNNING = re.compile(r"^vllm:num_requests_running\{[^}]*\} ([0-9.]+)$", re.MULTILINE)
 
@@ -20,21 +20,13 @@ def running_requests(engine_url: str) -> float:
     return sum(values)
 
 
-def engine_count(engine_url: str, name: str, labels: str = "") -> float:
-    """The sum of vLLM's counter `name` over its series whose labels contain `labels`."""
-    with urllib.request.urlopen(f"{engine_url}/metrics", timeout=5) as response:
-        text = response.read().decode()
-    pattern = rf"^{re.escape(name)}{{[^}}]*{re.escape(labels)}[^}}]*}} ([0-9.e+]+)$"
-    return sum(float(value) for value in re.findall(pattern, text, re.MULTILINE))
-
-
 def finished(engine_url: str, reason: str) -> float:
     """Requests vLLM finished for `reason` (stop, length; it does not count aborts here)."""
-    return engine_count(engine_url, "vllm:request_success_total", f'finished_reason="{reason}"')
+    return total(scrape(engine_url), "vllm:request_success_total", finished_reason=reason)
 
 
 def generated(engine_url: str) -> float:
-    return engine_count(engine_url, "vllm:generation_tokens_total")
+    return total(scrape(engine_url), "vllm:generation_tokens_total")
 
 
 # The engine decodes on a core of its own (vLLM's CPU build binds it), so while this process

@@ -14,23 +14,25 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import httpx
 import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
-from prometheus_client.parser import text_string_to_metric_families
 
-from tests.integration.conftest import MODEL, REPO, Stack, eventually, read_tokens, serving_env
-from tests.integration.test_disconnect import (
-    ATTEMPTS,
-    engine_count,
-    finished,
-    generated,
-    running_requests,
+from tests.integration.conftest import (
+    MODEL,
+    REPO,
+    Samples,
+    Stack,
+    eventually,
+    read_tokens,
+    scrape,
+    serving_env,
+    total,
 )
+from tests.integration.test_disconnect import ATTEMPTS, finished, generated, running_requests
 
 LONG: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Tell me a long story."}]
 SHORT: list[ChatCompletionMessageParam] = [
@@ -52,14 +54,8 @@ def create_key(stack: Stack, name: str, *limits: str) -> tuple[str, str]:
     return created.group(1), secret.group(1)
 
 
-def gateway_metrics(stack: Stack) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
-    with urllib.request.urlopen(f"{stack.gateway_url}/metrics", timeout=5) as response:
-        text = response.read().decode()
-    return {
-        (sample.name, frozenset(sample.labels.items())): sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-    }
+def gateway_metrics(stack: Stack) -> Samples:
+    return scrape(stack.gateway_url)
 
 
 def charged(stack: Stack, key_id: str, kind: str) -> float:
@@ -92,7 +88,7 @@ def client(stack: Stack, secret: str) -> openai.OpenAI:
 def test_disconnect_mid_stream_frees_slot_and_engine_and_charges_once(stack: Stack) -> None:
     key_id, secret = create_key(stack, "case-4", "--max-concurrency", "1")
     eventually(lambda: idle(stack))
-    prompts = engine_count(stack.engine_url, "vllm:prompt_tokens_total")
+    prompts = total(scrape(stack.engine_url), "vllm:prompt_tokens_total")
     stream = client(stack, secret).chat.completions.create(
         model=MODEL, messages=LONG, max_tokens=1800, stream=True,
         extra_body={"ignore_eos": True},
@@ -106,7 +102,7 @@ def test_disconnect_mid_stream_frees_slot_and_engine_and_charges_once(stack: Sta
     completion = charged(stack, key_id, "completion")
     assert 3 <= completion < 1800  # what was relayed, not the reservation
     # vLLM's own prompt count (from the running usage), not the gateway's estimate.
-    prompt = engine_count(stack.engine_url, "vllm:prompt_tokens_total") - prompts
+    prompt = total(scrape(stack.engine_url), "vllm:prompt_tokens_total") - prompts
     assert charged(stack, key_id, "prompt") == prompt > 0
     time.sleep(1)
     assert charged(stack, key_id, "completion") == completion  # charged once

@@ -37,13 +37,12 @@ from serving.gateway.keys import SqliteKeyStore
 from serving.gateway.quota import Limits
 from tests.gateway.fake_upstream import FakeUpstream
 from tests.gateway.quota.redis_server import RedisServer
-from tests.integration.conftest import eventually
+from tests.integration.conftest import eventually, total
 from tests.integration.scale_out import (
     Gateway,
     leases_in_redis,
     quota_usage,
     start_gateway,
-    total,
     wait_up,
 )
 

@@ -10,7 +10,7 @@ from openai import OpenAI
 from serving.engine.process import http_ok
 from serving.gateway.images import ImagePolicy
 from serving.gateway.openai_request import chat_prompt_estimate
-from tests.integration.conftest import MODEL, eventually
+from tests.integration.conftest import MODEL, eventually, scrape, total
 from tests.integration.scale_out import (
     SHORT,
     SseStream,
@@ -18,8 +18,6 @@ from tests.integration.scale_out import (
     burst,
     long_stream,
     quota_usage,
-    scrape,
-    total,
 )
 
 pytestmark = pytest.mark.timeout(900)

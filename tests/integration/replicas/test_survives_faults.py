@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from serving.gateway.routing.router import TIMEOUTS_TO_LEAVE
-from tests.integration.conftest import MODEL, eventually
+from tests.integration.conftest import MODEL, eventually, total
 from tests.integration.scale_out import (
     FREEZE_READINESS_TIMEOUT_S,
     HEALTH_INTERVAL_S,
@@ -30,7 +30,6 @@ from tests.integration.scale_out import (
     refuses_connections,
     stop_serving_up,
     stopwatch,
-    total,
     wait_idle,
 )
 from tests.integration.test_disconnect import running_requests
