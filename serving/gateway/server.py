@@ -29,6 +29,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from serving.gateway.app import GatewayApp, create_app
 from serving.gateway.errors import RequestTimeoutError
+from serving.gateway.response_head import cork_head
 from serving.gateway.settings import GatewaySettings
 
 
@@ -59,6 +60,9 @@ def build_server(
         log_config=log_config,
         log_level=log_level,
         access_log=access_log,
+        # The gateway never reads the client's address (keys identify callers), so uvicorn's
+        # X-Forwarded-For rewriting would be a middleware hop per request for nothing.
+        proxy_headers=False,
         timeout_graceful_shutdown=settings.graceful_shutdown_s,
     )
     return DrainingServer(config, app=app, drain_delay_s=settings.drain_delay_s)
@@ -126,6 +130,8 @@ def deadline_protocol(header_timeout_s: float, body_timeout_s: float) -> type[as
         def on_headers_complete(self) -> None:
             self._deadline, self._awaiting = self.loop.time() + body_timeout_s, "body"
             super().on_headers_complete()
+            if self.cycle is not None:  # None only when the connection was upgraded
+                cork_head(self.cycle, self.loop)
 
         def on_message_complete(self) -> None:
             self._deadline = 0.0

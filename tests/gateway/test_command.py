@@ -3,6 +3,7 @@ imports. Every field's flag and variable is tested in test_settings.py."""
 
 from __future__ import annotations
 
+import gc
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from serving import cli
 from serving.errors import ServingError
+from serving.gateway import command
 from serving.gateway.command import build_server
 from serving.gateway.keys.credentials import hash_secret
 from serving.gateway.settings import GatewaySettings, env_name, flag_name
@@ -141,7 +143,7 @@ def test_build_server_uses_uvloop_httptools_and_lifespan() -> None:
     config = build_server(settings, log_level="warning").config
     assert (config.loop, config.lifespan) == ("uvloop", "on")
     assert isinstance(config.http, type) and issubclass(config.http, HttpToolsProtocol)
-    assert (config.port, config.access_log) == (9001, False)
+    assert (config.port, config.access_log, config.proxy_headers) == (9001, False, False)
     assert config.timeout_graceful_shutdown == settings.graceful_shutdown_s
 
 
@@ -152,3 +154,14 @@ def test_importing_the_command_is_light() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_tune_gc_collects_less_often_and_leaves_start_up_alone() -> None:
+    threshold = gc.get_threshold()
+    try:
+        command.tune_gc()
+        assert gc.get_threshold() == (command.GC_YOUNG_THRESHOLD, *threshold[1:])
+        assert gc.get_freeze_count() > 0  # what start-up built is never walked again
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*threshold)

@@ -1,0 +1,69 @@
+"""A response's head sent together with its first body write.
+
+    cork_head(cycle)    # in the protocol, right after uvicorn made the request's cycle
+
+uvicorn writes a response's status line and headers, then its body, as two writes: two send
+syscalls and two TCP segments for every JSON answer. The cycle's transport is wrapped so
+that the head waits for the next write and goes out with it. Measured side by side against
+the gateway without it (the fast local upstream of `make bench`, JSON, 32 concurrent, on a
+2-core EPYC): 153 -> 139 µs of gateway CPU per request, together with uvicorn's
+X-Forwarded-For middleware turned off (`server.build_server`).
+
+Bodies, chunked streams, HEAD, 100 Continue and access logs stay uvicorn's own code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
+
+
+def cork_head(cycle: RequestResponseCycle, loop: asyncio.AbstractEventLoop) -> None:
+    """Wrap the transport of uvicorn's new request cycle (before its task first runs)."""
+    cycle.transport = HeadCork(cycle.transport, loop)  # type: ignore[assignment]
+
+
+class HeadCork:
+    """The transport of one request's cycle: its first write (the response head, or a 100
+    Continue) waits for the next one and goes out with it, at the latest at the end of the
+    event loop's current turn (a stream whose first chunk comes later) or before the
+    connection closes."""
+
+    __slots__ = ("_held", "_loop", "_transport")
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport = transport
+        self._held: bytes | None = None
+        self._loop: asyncio.AbstractEventLoop | None = loop
+
+    def write(self, data: bytes) -> None:
+        held = self._held
+        if held is not None:
+            self._held = None
+            self._transport.writelines((held, data))
+        elif self._loop is not None:  # the first write of the response: its head
+            self._loop.call_soon(self.flush)
+            self._loop = None
+            self._held = data
+        else:
+            self._transport.write(data)
+
+    def flush(self) -> None:
+        held = self._held
+        if held is not None:
+            self._held = None
+            if not self._transport.is_closing():
+                self._transport.write(held)
+
+    def is_closing(self) -> bool:
+        return self._transport.is_closing()
+
+    def close(self) -> None:
+        self.flush()
+        self._transport.close()
+
+    def __getattr__(self, name: str) -> Any:
+        # Whatever else uvicorn may ask of a transport (get_extra_info, ...).
+        return getattr(self._transport, name)
