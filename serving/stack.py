@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -65,6 +66,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="how the gateway spreads requests over the engines (default: %(default)s)",
     )
     parser.add_argument(
+        "--scheduling",
+        choices=("fair", "fcfs"),
+        default="fair",
+        help="fair: the gateway runs at most the profile's max_num_seqs per engine and keys "
+        "take fair turns for the rest; fcfs: vLLM's own queue (default: %(default)s)",
+    )
+    parser.add_argument(
         "--keys-db",
         default=None,
         metavar="PATH",
@@ -103,7 +111,7 @@ def start_gateway(
     api_key: str,
     keys_db: str | None = None,
     routing: str = "affinity",
-    settings: dict[str, int] | None = None,
+    settings: Mapping[str, int | str] | None = None,
 ) -> subprocess.Popen[bytes]:
     """The gateway in front of `upstream` (one engine's URL, or several comma-separated):
     keys from `keys_db` (default `paths.keys_db_path()`, managed with `serving keys`) plus
@@ -226,7 +234,11 @@ def run(args: argparse.Namespace) -> int:
             api_key,
             args.keys_db,
             routing=args.routing,
-            settings=gateway_image_settings(profile),
+            settings={
+                **gateway_image_settings(profile),
+                "engine_slots": profile.max_num_seqs,
+                "scheduling": args.scheduling,
+            },
         )
         first = supervisors[0].current
         print(

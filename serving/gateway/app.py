@@ -58,6 +58,7 @@ from serving.gateway.errors import (
     retry_after_headers,
     upstream_error_kind,
 )
+from serving.gateway.fair_queue import FairQueue
 from serving.gateway.forwarded_headers import REQUEST_ID, request_id
 from serving.gateway.health import HealthMonitor
 from serving.gateway.images import ImagePolicy
@@ -167,6 +168,12 @@ class GatewayApp:
             store, default_max_tokens=settings.default_max_tokens, lease_ttl=settings.lease_ttl_s
         )
         shared_quota = self.shared_quota
+        slots = settings.queue_slots
+        self.queue = (
+            FairQueue(slots, reserved=settings.reserved_slots, timeout_s=settings.queue_timeout_s)
+            if slots is not None
+            else None
+        )
         self.metrics = GatewayMetrics(
             leases=store.active_leases,
             budget_flush_failures=journal.failures if journal is not None else lambda: 0,
@@ -174,12 +181,18 @@ class GatewayApp:
             quota_store_errors=(lambda: shared_quota.errors) if shared_quota else lambda: 0,
             keys_file_up=self._refresh_keys_file,
             engines=self.router.engines,
+            queue=self.queue,
         )
         self.catalog = ModelCatalog()
         self.playground = Playground.load()
         self.proxy = Proxy(self.router, retry_after_s=settings.retry_after_s)
         self.completions = Completions(
-            self.quota, self.proxy, self.catalog, ImagePolicy.from_settings(settings)
+            self.quota,
+            self.proxy,
+            self.catalog,
+            ImagePolicy.from_settings(settings),
+            queue=self.queue,
+            retry_after_s=settings.retry_after_s,
         )
         self.health = HealthMonitor(
             self.router, self.catalog, self.metrics, interval_s=settings.health_interval_s

@@ -36,12 +36,14 @@ from __future__ import annotations
 from serving.gateway.auth import Caller
 from serving.gateway.catalog import ModelCatalog
 from serving.gateway.errors import (
+    EngineBusyError,
     InvalidRequestError,
     ModelNotFoundError,
     UpstreamTimeoutError,
     refusal_error,
     upstream_error_kind,
 )
+from serving.gateway.fair_queue import ClientLeft, FairQueue, QueueTimeout, Turn
 from serving.gateway.images import ImagePolicy
 from serving.gateway.metrics import RequestRecord
 from serving.gateway.openai_request import (
@@ -66,11 +68,16 @@ class Completions:
         proxy: Proxy,
         catalog: ModelCatalog,
         images: ImagePolicy | None = None,
+        *,
+        queue: FairQueue | None = None,
+        retry_after_s: int = 1,
     ) -> None:
         self._engine = engine
         self._proxy = proxy
         self._catalog = catalog
         self.images = images or ImagePolicy.defaults()
+        self._queue = queue
+        self._retry_after_s = retry_after_s
         self._running: set[Lease] = set()
 
     async def handle(
@@ -113,6 +120,30 @@ class Completions:
             await self._engine.withdraw(lease)
             raise
 
+        # wait (with fair sharing, when the engines' slots are taken): the lease is renewed
+        # meanwhile; a request that never runs is withdrawn, nothing charged
+        self._running.add(lease)
+        turn: Turn | None = None
+        if self._queue is not None:
+            try:
+                turn = await self._queue.turn(
+                    caller.key_id,
+                    cost=parsed.prompt_estimate + decision.max_tokens * parsed.choices,
+                    gone=lambda: _client_gone(receive),
+                )
+            except BaseException as exc:
+                self._running.discard(lease)
+                await self._engine.withdraw(lease)
+                if isinstance(exc, QueueTimeout):
+                    raise EngineBusyError(
+                        f"No engine slot came free within {self._queue.timeout_s:g} s; "
+                        "retry later. Nothing was charged.",
+                        retry_after_s=self._retry_after_s,
+                    ) from None
+                if isinstance(exc, ClientLeft):
+                    return  # nobody to answer: metrics count it as 499
+                raise
+
         # forward (to the engine the router picks: with affinity, by the prompt's prefixes)
         running = parsed.usage_upstream
         meter = ResponseMeter(
@@ -134,7 +165,6 @@ class Completions:
             meter=meter,
             prefixes=prefixes,
         )
-        self._running.add(lease)
         outcome: ProxyOutcome | None = None
         try:
             outcome = await self._proxy.forward(upstream_request, receive, send)
@@ -142,6 +172,8 @@ class Completions:
             self._running.discard(lease)
             # settle
             await self._settle(lease, decision, parsed, meter, outcome)
+            if turn is not None and self._queue is not None:
+                self._queue.release(turn, served=lease.charged_tokens)
             _record_outcome(record, lease, _cut_prompt(parsed, meter), meter, outcome)
         if outcome is not None and 200 <= (outcome.upstream_status or 0) < 300:
             self._catalog.learn(parsed.model)
@@ -186,6 +218,12 @@ class Completions:
             await engine.abort(lease, prompt, seen)
         else:
             await engine.settle(lease, None, None)
+
+
+async def _client_gone(receive: Receive) -> None:
+    """Returns when the client disconnects (its body was read: nothing else can come)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 def _cut_prompt(parsed: CompletionRequest, meter: ResponseMeter) -> int:

@@ -226,6 +226,14 @@ class UpstreamUnavailableError(UpstreamError):
     code = "upstream_unavailable"
 
 
+class EngineBusyError(GatewayError):
+    """A request waited its deadline in the gateway's fair queue: the engines' slots were all
+    taken (by other keys' requests, or by this key's share). Nothing was charged."""
+
+    status = 503
+    code = "engine_overloaded"
+
+
 class UpstreamTimeoutError(UpstreamError):
     status = 504
     type = "timeout"

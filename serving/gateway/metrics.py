@@ -37,6 +37,12 @@ never a secret or an address):
     gateway_keys_file_up                           1 while the keys file (--keys-file) loads;
                                                    0 after a change that does not parse (its
                                                    keys are refused until it does); 1 without
+With fair sharing on (`--engine-slots`, docs/fair-sharing.md):
+    gateway_queue_slots, gateway_queue_running      slots in all, and those held now
+    gateway_queue_waiting{key}                     requests waiting for a slot
+    gateway_queue_wait_seconds{key}                admission to slot (0: found one free)
+    gateway_queue_timeouts_total{key}              waited their deadline: 503, nothing charged
+    gateway_queue_abandoned_total{key}             client left while waiting: nothing charged
 
 Values are plain Python numbers updated on the event loop (where scrapes are answered too),
 turned into Prometheus families only when scraped: a request costs a few dict updates, not
@@ -46,7 +52,7 @@ prometheus_client's locks and label checks.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
@@ -134,6 +140,7 @@ class GatewayMetrics:
         quota_store_errors: Callable[[], int] = lambda: 0,
         keys_file_up: Callable[[], bool] = lambda: True,
         engines: Sequence[EngineState] = (),
+        queue: QueueState | None = None,
     ) -> None:
         self.requests: dict[tuple[str, str, str], int] = {}
         self.tokens: dict[tuple[str, str, str], int] = {}
@@ -150,6 +157,7 @@ class GatewayMetrics:
         self._quota_store_errors = quota_store_errors
         self._keys_file_up = keys_file_up
         self._engines = engines
+        self._queue = queue
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
 
@@ -224,6 +232,8 @@ class GatewayMetrics:
             value=self.upstream_healthy,
         )  # fmt: skip
         yield from self._engine_families()
+        if self._queue is not None:
+            yield from _queue_families(self._queue)
         added = HistogramMetricFamily(
             "gateway_added_latency_seconds",
             "The gateway's own time per request: before forwarding plus after the upstream.",
@@ -293,6 +303,59 @@ class EngineState(Protocol):
     def requests(self) -> int: ...
     @property
     def failovers(self) -> int: ...
+
+
+class KeyQueueState(Protocol):
+    @property
+    def waited(self) -> Histogram: ...
+    @property
+    def timeouts(self) -> int: ...
+    @property
+    def left(self) -> int: ...
+
+
+class QueueState(Protocol):
+    """What the metrics read of the fair queue (`fair_queue.FairQueue`)."""
+
+    @property
+    def slots(self) -> int: ...
+    @property
+    def running(self) -> int: ...
+    @property
+    def stats(self) -> Mapping[str, KeyQueueState]: ...
+    def waiting(self, key: str | None = None) -> int: ...
+
+
+def _queue_families(queue: QueueState) -> Iterator[Metric]:
+    yield GaugeMetricFamily(
+        "gateway_queue_slots", "Requests the gateway lets run at once (fair sharing).",
+        value=queue.slots,
+    )  # fmt: skip
+    yield GaugeMetricFamily(
+        "gateway_queue_running", "Requests holding a slot now.", value=queue.running
+    )
+    waiting = GaugeMetricFamily(
+        "gateway_queue_waiting", "Requests waiting for a slot, by key.", labels=("key",)
+    )
+    waited = HistogramMetricFamily(
+        "gateway_queue_wait_seconds",
+        "Time from admission to a slot, by key (0 for a request that found one free).",
+        labels=("key",),
+    )
+    timeouts = CounterMetricFamily(
+        "gateway_queue_timeouts", "Requests that waited their deadline (503, nothing charged).",
+        labels=("key",),
+    )  # fmt: skip
+    left = CounterMetricFamily(
+        "gateway_queue_abandoned", "Requests whose client went away while they waited.",
+        labels=("key",),
+    )  # fmt: skip
+    for key, stats in queue.stats.items():
+        waiting.add_metric((key,), queue.waiting(key))
+        waited.add_metric((key,), stats.waited.buckets(), stats.waited.total)
+        timeouts.add_metric((key,), stats.timeouts)
+        left.add_metric((key,), stats.left)
+    yield from (waiting, waited, timeouts, left)
 
 
 def _add(counts: dict[_K, int], key: _K, amount: int) -> None:

@@ -175,6 +175,23 @@ class GatewaySettings(BaseSettings):
     routing_overload: int = Field(default=8, ge=0)
     """With `affinity`: a prompt's engine is passed over while it has this many more requests
     in flight (from this gateway) than the least-loaded engine."""
+    engine_slots: int | None = Field(default=None, ge=1)
+    """Sequences one engine runs well at once (vLLM's max_num_seqs; `serving up` sets the
+    profile's). Set, the gateway lets at most this many requests per engine run and the rest
+    wait in it, per key, for a fair turn (`scheduling`); unset, every admitted request goes
+    straight to vLLM's own first-come-first-served queue."""
+    scheduling: Literal["fair", "fcfs"] = "fair"
+    """With engine_slots: `fair`, a free slot goes to the waiting key that has been served
+    the fewest tokens (per its weight), so one key's flood delays that key, not the others;
+    `fcfs`, no gateway queue, vLLM's order (as without engine_slots)."""
+    reserved_slots: int = Field(default=2, ge=0)
+    """With fair scheduling: slots no single key may take (of engine_slots x engines), so
+    that a key arriving while another floods finds one free at once instead of waiting for
+    one of the flood's requests to end (vLLM never preempts a running sequence for it).
+    The default comes from `make bench-fairness`'s curve (docs/fair-sharing.md)."""
+    queue_timeout_s: Seconds = 30.0
+    """Longest a request waits for a slot; then 503 `engine_overloaded` with Retry-After,
+    nothing charged."""
     serve_routes: tuple[Literal["tokenize"], ...] = ()
     """Opt-in vLLM routes served besides the metered ones, all free of charge: `tokenize`
     (vLLM's /tokenize and /detokenize, at the root as vLLM serves them). Every other route
@@ -201,6 +218,23 @@ class GatewaySettings(BaseSettings):
         if len(set(urls)) != len(urls):
             raise ValueError("lists an engine twice")
         return ",".join(urls)
+
+    @model_validator(mode="after")
+    def _check_reserved_slots(self) -> GatewaySettings:
+        slots = self.queue_slots
+        if slots is not None and self.reserved_slots >= slots:
+            raise ValueError(
+                f"reserved_slots: {self.reserved_slots} is not below engine_slots x engines "
+                f"({slots}), so no key could run"
+            )
+        return self
+
+    @property
+    def queue_slots(self) -> int | None:
+        """Requests the fair queue lets run at once; None without one."""
+        if self.engine_slots is None or self.scheduling != "fair":
+            return None
+        return self.engine_slots * len(self.upstream_urls)
 
     @property
     def upstream_urls(self) -> tuple[str, ...]:

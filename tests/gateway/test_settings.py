@@ -57,6 +57,10 @@ GOOD: dict[str, tuple[str, object]] = {
     "redis_replicas": ("3", 3),
     "routing": ("least-loaded", "least-loaded"),
     "routing_overload": ("2", 2),
+    "engine_slots": ("16", 16),
+    "scheduling": ("fcfs", "fcfs"),
+    "reserved_slots": ("0", 0),
+    "queue_timeout_s": ("5", 5.0),
     "serve_routes": ('["tokenize"]', ("tokenize",)),
 }
 # List settings: an error shows the bad item, not the whole list.
@@ -96,6 +100,10 @@ BAD: dict[str, str] = {
     "redis_replicas": "0",
     "routing": "random",
     "routing_overload": "-1",
+    "engine_slots": "0",
+    "scheduling": "random",
+    "reserved_slots": "-1",
+    "queue_timeout_s": "0",
     "serve_routes": '["embeddings"]',
 }
 # Set as digests only, from --api-key or SERVING_API_KEY (tested below).
@@ -335,3 +343,16 @@ def test_a_bad_engine_list_names_the_upstream_setting(upstream: str, problem: st
     with pytest.raises(ServingError, match="upstream") as caught:
         GatewaySettings.create(upstream=upstream, api_keys=["sk-a"])
     assert problem in str(caught.value)
+
+
+def test_reserved_slots_leave_every_key_a_slot() -> None:
+    two_engines = "http://127.0.0.1:8001,http://127.0.0.1:8003"
+    settings = GatewaySettings.create(upstream=two_engines, api_keys=["k"], engine_slots=2)
+    assert settings.queue_slots == 4
+    assert (
+        GatewaySettings.create(upstream=URL, api_keys=["k"], scheduling="fcfs").queue_slots is None
+    )
+    with pytest.raises(ServingError, match="reserved_slots: 4 is not below"):
+        GatewaySettings.create(
+            upstream=two_engines, api_keys=["k"], engine_slots=2, reserved_slots=4
+        )

@@ -1,0 +1,243 @@
+"""Fair sharing of the engines' slots between keys: virtual token counting (VTC).
+
+    queue = FairQueue(slots=16, reserved=2, timeout_s=30.0)
+    turn = await queue.turn(key_id, cost=prompt_estimate + max_tokens, gone=client_gone)
+    try:
+        ...forward the request...
+    finally:
+        queue.release(turn, served=tokens_charged)
+
+Why. vLLM serves `max_num_seqs` sequences at once and queues the rest first come, first
+served; a key that keeps them all busy makes every other key wait for one of its requests to
+end, and vLLM's priority policy does not free a slot a running sequence holds. So the gateway
+holds the excess: at most `slots` requests (the engines' sequences together) run at once, one
+key at most `slots - reserved` of them (so a slot is free for a key that arrives while another
+floods), and the rest wait here, per key.
+
+Who goes next. Each key has a virtual counter: the tokens it has been served (its
+reservation when it starts, corrected to what it was charged when it ends), divided by its
+weight. A free slot goes to the waiting key with the lowest counter, so a flood of one key
+delays that key and a quiet key goes first. A key that was idle has its counter lifted to
+the lowest counter of the keys that are active (waiting or running) when it becomes active
+again: idling earns no credit to flood with later (Sheng et al., "Fairness in Serving Large
+Language Models", OSDI 2024). When nothing at all is active, the counters start again from
+zero: service nobody else wanted is held against no one. Among one key's waiting requests,
+the oldest goes first.
+
+Bounded waiting. A request waits at most `timeout_s` (`QueueTimeout`), and leaves the queue
+at once when its client goes away (`ClientLeft`); either way it never ran. With nothing
+waiting and a slot free, `turn` takes it without suspending (a few dictionary operations).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from serving.gateway.metrics import DURATION_BUCKETS, Histogram
+
+
+class QueueTimeout(Exception):
+    """The request waited `FairQueue.timeout_s` without a slot."""
+
+
+class ClientLeft(Exception):
+    """The client went away while its request waited."""
+
+
+@dataclass(slots=True, eq=False)
+class Turn:
+    """A running request's slot: give it back with `FairQueue.release`."""
+
+    key: str
+    weight: float
+    cost: int
+    waited_s: float
+    released: bool = False
+
+
+@dataclass(slots=True, eq=False)
+class _Waiter:
+    key: str
+    weight: float
+    cost: int
+    since: float
+    future: asyncio.Future[Turn]
+
+
+@dataclass(slots=True)
+class KeyQueueStats:
+    """What the metrics show per key."""
+
+    waited: Histogram = field(default_factory=lambda: Histogram(DURATION_BUCKETS))
+    timeouts: int = 0
+    left: int = 0
+
+
+class FairQueue:
+    def __init__(
+        self,
+        slots: int,
+        *,
+        reserved: int,
+        timeout_s: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if slots < 1:
+            raise ValueError(f"slots must be at least 1, got {slots}")
+        if not 0 <= reserved < slots:
+            raise ValueError(f"reserved must be between 0 and slots - 1, got {reserved}")
+        self.slots = slots
+        self.per_key = slots - reserved
+        self.timeout_s = timeout_s
+        self.running = 0
+        self._clock = clock
+        self._running: dict[str, int] = {}
+        self._waiting: dict[str, deque[_Waiter]] = {}
+        self._waiting_total = 0
+        self._virtual: dict[str, float] = {}
+        self.stats: dict[str, KeyQueueStats] = {}
+
+    def waiting(self, key: str | None = None) -> int:
+        """Requests waiting now (of `key`, or in all)."""
+        if key is None:
+            return self._waiting_total
+        queue = self._waiting.get(key)
+        return len(queue) if queue else 0
+
+    def running_of(self, key: str) -> int:
+        return self._running.get(key, 0)
+
+    def virtual(self, key: str) -> float:
+        """The key's virtual counter: weighted tokens served (for tests and debugging)."""
+        return self._virtual.get(key, 0.0)
+
+    async def turn(
+        self,
+        key: str,
+        *,
+        cost: int,
+        weight: float = 1.0,
+        gone: Callable[[], Awaitable[object]] | None = None,
+    ) -> Turn:
+        """A slot for one request of `key` that will cost about `cost` tokens: at once when
+        one is free and nobody waits, else when the fair order says so. `gone` returns when
+        the client disconnects."""
+        if (
+            not self._waiting_total
+            and self.running < self.slots
+            and self._running.get(key, 0) < self.per_key
+        ):
+            self._activate(key)
+            return self._start(key, weight, cost, 0.0)
+        self._activate(key)
+        self._stats(key)  # its waiting count shows from now on
+        now = self._clock()
+        waiter = _Waiter(key, weight, cost, now, asyncio.get_running_loop().create_future())
+        self._waiting.setdefault(key, deque()).append(waiter)
+        self._waiting_total += 1
+        self._dispatch()
+        if not waiter.future.done():
+            await self._wait(waiter, gone)
+        return waiter.future.result()
+
+    def release(self, turn: Turn, *, served: int | None = None) -> None:
+        """The request ended; `served`, the tokens it was charged (None: its cost stands)."""
+        if turn.released:
+            return
+        turn.released = True
+        self.running -= 1
+        left = self._running[turn.key] - 1
+        if left:
+            self._running[turn.key] = left
+        else:
+            del self._running[turn.key]
+        if served is not None:
+            self._virtual[turn.key] += (served - turn.cost) / turn.weight
+        self._dispatch()
+
+    async def _wait(self, waiter: _Waiter, gone: Callable[[], Awaitable[object]] | None) -> None:
+        watcher = asyncio.ensure_future(gone()) if gone is not None else None
+        waits: set[asyncio.Future[object]] = {waiter.future}  # type: ignore[arg-type]
+        if watcher is not None:
+            waits.add(watcher)
+        try:
+            await asyncio.wait(waits, timeout=self.timeout_s, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            self._abandon(waiter)
+            raise
+        finally:
+            if watcher is not None:
+                watcher.cancel()
+        if waiter.future.done() and not (watcher is not None and watcher.done()):
+            return  # its turn came (even if the deadline passed in the same instant)
+        self._abandon(waiter)
+        stats = self._stats(waiter.key)
+        if watcher is not None and watcher.done():
+            stats.left += 1
+            raise ClientLeft
+        stats.timeouts += 1
+        raise QueueTimeout
+
+    def _abandon(self, waiter: _Waiter) -> None:
+        """Take a waiter out; if its turn had already come, give the slot back."""
+        if waiter.future.done():
+            if not waiter.future.cancelled():
+                self.release(waiter.future.result(), served=0)
+            return
+        waiter.future.cancel()
+        queue = self._waiting[waiter.key]
+        queue.remove(waiter)
+        self._waiting_total -= 1
+        if not queue:
+            del self._waiting[waiter.key]
+
+    def _activate(self, key: str) -> None:
+        """A key that had nothing waiting or running starts no lower than the lowest
+        active key: idle time earns no credit."""
+        if key in self._running or key in self._waiting:
+            return
+        active = [self._virtual[k] for k in (*self._running, *self._waiting)]
+        if not active:  # a new busy period: what was served before it no longer counts
+            self._virtual.clear()
+            self._virtual[key] = 0.0
+            return
+        self._virtual[key] = max(self._virtual.get(key, 0.0), min(active))
+
+    def _start(self, key: str, weight: float, cost: int, waited_s: float) -> Turn:
+        self.running += 1
+        self._running[key] = self._running.get(key, 0) + 1
+        self._virtual[key] = self._virtual.get(key, 0.0) + cost / weight
+        self._stats(key).waited.observe(waited_s)
+        return Turn(key, weight, cost, waited_s)
+
+    def _dispatch(self) -> None:
+        while self._waiting_total and self.running < self.slots:
+            best: deque[_Waiter] | None = None
+            best_order = (0.0, 0, 0.0)
+            for key, queue in self._waiting.items():
+                running = self._running.get(key, 0)
+                if running >= self.per_key:
+                    continue
+                # fewest weighted tokens; on a tie (a key just lifted to another's counter)
+                # the key running fewer requests, then the oldest request
+                order = (self._virtual[key], running, queue[0].since)
+                if best is None or order < best_order:
+                    best, best_order = queue, order
+            if best is None:
+                return  # every waiting key holds its share: the free slots stay free
+            waiter = best.popleft()
+            self._waiting_total -= 1
+            if not best:
+                del self._waiting[waiter.key]
+            waited = self._clock() - waiter.since
+            waiter.future.set_result(self._start(waiter.key, waiter.weight, waiter.cost, waited))
+
+    def _stats(self, key: str) -> KeyQueueStats:
+        stats = self.stats.get(key)
+        if stats is None:
+            stats = self.stats[key] = KeyQueueStats()
+        return stats

@@ -1,0 +1,189 @@
+"""The fair queue alone: slots, each key's share, the VTC order, deadlines and departures."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from serving.gateway.fair_queue import ClientLeft, FairQueue, QueueTimeout, Turn
+
+
+def run(scenario: object) -> None:
+    asyncio.run(scenario)  # type: ignore[arg-type]
+
+
+async def started(queue: FairQueue, key: str, cost: int = 100, weight: float = 1.0) -> Turn:
+    return await asyncio.wait_for(queue.turn(key, cost=cost, weight=weight), 1)
+
+
+def test_a_free_slot_is_taken_at_once_and_given_back() -> None:
+    async def scenario() -> None:
+        queue = FairQueue(2, reserved=0, timeout_s=5)
+        first = await started(queue, "a")
+        second = await started(queue, "a")
+        assert (queue.running, queue.waiting()) == (2, 0)
+        assert first.waited_s == second.waited_s == 0.0
+        queue.release(first)
+        queue.release(first)  # twice is once
+        assert queue.running == 1
+        queue.release(second)
+        assert queue.running == 0 and queue.running_of("a") == 0
+
+    run(scenario())
+
+
+def test_one_key_never_takes_the_reserved_slots() -> None:
+    async def scenario() -> None:
+        queue = FairQueue(3, reserved=1, timeout_s=5)
+        held = [await started(queue, "noisy") for _ in range(2)]
+        third = asyncio.create_task(queue.turn("noisy", cost=100))
+        await asyncio.sleep(0.01)
+        assert not third.done() and queue.waiting("noisy") == 1  # a slot is free, not its
+        quiet = await started(queue, "quiet")  # finds the reserved slot at once
+        assert quiet.waited_s < 0.01
+        queue.release(held[0])
+        assert (await asyncio.wait_for(third, 1)).key == "noisy"
+        for turn in (held[1], quiet, third.result()):
+            queue.release(turn)
+
+    run(scenario())
+
+
+async def next_started(queue: FairQueue, ended: Turn, tasks: list[asyncio.Task[Turn]]) -> Turn:
+    """Release `ended`; the turn that started in its place (taken out of `tasks`)."""
+    queue.release(ended)
+    await asyncio.wait(tasks, timeout=1, return_when=asyncio.FIRST_COMPLETED)
+    await asyncio.sleep(0.01)  # a second one would be done by now too
+    started_now = [task for task in tasks if task.done()]
+    assert len(started_now) == 1
+    tasks.remove(started_now[0])
+    return started_now[0].result()
+
+
+def test_the_key_served_least_goes_next() -> None:
+    async def scenario() -> None:
+        queue = FairQueue(2, reserved=0, timeout_s=5)
+        held = [await started(queue, "noisy") for _ in range(2)]
+        tasks = [asyncio.create_task(queue.turn("noisy", cost=100)) for _ in range(3)]
+        await asyncio.sleep(0.01)
+        tasks.append(asyncio.create_task(queue.turn("quiet", cost=100)))
+        await asyncio.sleep(0.01)
+        # quiet is lifted to noisy's 200 and runs nothing: it goes first, though it came last
+        turn = await next_started(queue, held[0], tasks)
+        order = [turn.key]
+        for _ in range(3):
+            turn = await next_started(queue, turn, tasks)
+            order.append(turn.key)
+        assert order == ["quiet", "noisy", "noisy", "noisy"]
+        queue.release(turn)
+        queue.release(held[1])
+        assert queue.running == 0
+
+    run(scenario())
+
+
+def test_weights_share_slots_in_proportion() -> None:
+    async def scenario() -> None:
+        queue = FairQueue(1, reserved=0, timeout_s=5)
+        turn = await started(queue, "heavy", weight=2.0)
+        tasks = [
+            asyncio.create_task(queue.turn(key, cost=100, weight=weight))
+            for _ in range(6)
+            for key, weight in (("heavy", 2.0), ("light", 1.0))
+        ]
+        await asyncio.sleep(0.01)
+        served: list[str] = []
+        for _ in range(9):
+            turn = await next_started(queue, turn, tasks)
+            served.append(turn.key)
+        assert served.count("heavy") == 2 * served.count("light")
+        queue.release(turn)
+        for task in tasks:
+            task.cancel()
+
+    run(scenario())
+
+
+def test_an_idle_key_earns_no_credit_and_owes_nothing_for_an_idle_past() -> None:
+    async def scenario() -> None:
+        queue = FairQueue(4, reserved=0, timeout_s=5)
+        for _ in range(3):  # "old" was served while nobody else asked
+            queue.release(await started(queue, "old", cost=1000))
+        busy = await started(queue, "busy", cost=100)
+        assert queue.virtual("busy") == 100
+        more = await started(queue, "busy", cost=100)
+        back = await started(queue, "old", cost=100)  # lifted to the least active: busy's 200
+        assert queue.virtual("old") == 200 + 100
+        queue.release(busy)
+        queue.release(more)
+        late = await started(queue, "late", cost=100)  # old is active at 300
+        assert queue.virtual("late") == 300 + 100
+        for turn in (back, late):
+            queue.release(turn)
+
+    run(scenario())
+
+
+def test_what_was_charged_corrects_the_counter() -> None:
+    async def scenario() -> None:
+        queue = FairQueue(1, reserved=0, timeout_s=5)
+        turn = await started(queue, "a", cost=500)
+        assert queue.virtual("a") == 500
+        queue.release(turn, served=120)
+        assert queue.virtual("a") == 120
+
+    run(scenario())
+
+
+def test_a_request_waits_no_longer_than_its_deadline() -> None:
+    async def scenario() -> None:
+        queue = FairQueue(1, reserved=0, timeout_s=0.05)
+        held = await started(queue, "a")
+        with pytest.raises(QueueTimeout):
+            await queue.turn("b", cost=100)
+        assert queue.waiting() == 0 and queue.running == 1
+        assert queue.stats["b"].timeouts == 1
+        queue.release(held)
+        assert queue.running == 0
+
+    run(scenario())
+
+
+def test_a_client_that_leaves_leaves_the_queue_at_once() -> None:
+    async def scenario() -> None:
+        queue = FairQueue(1, reserved=0, timeout_s=30)
+        held = await started(queue, "a")
+        left = asyncio.Event()
+        waiting = asyncio.create_task(queue.turn("b", cost=100, gone=left.wait))
+        await asyncio.sleep(0.01)
+        assert queue.waiting("b") == 1
+        left.set()
+        with pytest.raises(ClientLeft):
+            await asyncio.wait_for(waiting, 1)
+        assert queue.waiting() == 0 and queue.stats["b"].left == 1
+        queue.release(held)
+        assert queue.running == 0  # the slot was not handed to the one that left
+
+    run(scenario())
+
+
+def test_a_cancelled_wait_takes_nothing() -> None:
+    async def scenario() -> None:
+        queue = FairQueue(1, reserved=0, timeout_s=30)
+        held = await started(queue, "a")
+        waiting = asyncio.create_task(queue.turn("b", cost=100))
+        await asyncio.sleep(0.01)
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        queue.release(held)
+        assert (queue.running, queue.waiting()) == (0, 0)
+
+    run(scenario())
+
+
+@pytest.mark.parametrize(("slots", "reserved"), [(0, 0), (2, 2), (2, -1)])
+def test_bad_sizes_are_refused(slots: int, reserved: int) -> None:
+    with pytest.raises(ValueError, match=r"slots|reserved"):
+        FairQueue(slots, reserved=reserved, timeout_s=1)

@@ -1,0 +1,124 @@
+"""Fair sharing in the gateway (docs/fair-sharing.md): requests past the engines' slots wait
+in the gateway, leave at their deadline or when their client does, and are charged nothing
+unless they ran. The fake upstream's `gated` model holds a request until the test lets go."""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+import httpx
+
+from serving.gateway.keys import SqliteKeyStore
+from serving.gateway.quota import Limits
+from tests.gateway.conftest import GatewayFactory, eventually
+from tests.gateway.fake_upstream import FakeUpstream
+from tests.gateway.scrape import key_usage, scrape, settled, value
+from tests.gateway.servers import GatewayServer
+
+GATED = {"model": "gated", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
+LIMITS = Limits(rpm=100, tpm=100_000, max_concurrency=10)
+
+
+def post(gateway: GatewayServer, secret: str, token: str, results: list[httpx.Response]) -> None:
+    with httpx.Client(timeout=30) as client:
+        results.append(
+            client.post(
+                f"{gateway.url}/v1/chat/completions?t={token}",
+                json=GATED,
+                headers={"Authorization": f"Bearer {secret}"},
+            )
+        )
+
+
+def in_background(*args: object) -> threading.Thread:
+    thread = threading.Thread(target=post, args=args, daemon=True)
+    thread.start()
+    return thread
+
+
+def waiting(gateway: GatewayServer, key_id: str) -> float:
+    return value(scrape(gateway), "gateway_queue_waiting", key=key_id)
+
+
+def test_past_the_slots_a_request_waits_and_runs_when_one_frees(
+    make_gateway: GatewayFactory, keys: SqliteKeyStore, upstream: FakeUpstream, token: str
+) -> None:
+    gateway = make_gateway(keys_db=str(keys.path), engine_slots=1, reserved_slots=0)
+    (noisy, noisy_secret), (quiet, quiet_secret) = (
+        keys.create(name, limits=LIMITS) for name in ("noisy", "quiet")
+    )
+    results: list[httpx.Response] = []
+    first = in_background(gateway, noisy_secret, token, results)
+    assert eventually(lambda: len(upstream.received(token)) == 1)
+    second = in_background(gateway, quiet_secret, token, results)
+    assert eventually(lambda: waiting(gateway, quiet.key_id) == 1)
+    assert len(upstream.received(token)) == 1  # it waits in the gateway, not in the engine
+    assert key_usage(gateway, quiet.key_id)[0] == 1  # admitted: its slot of concurrency is held
+    upstream.release(token)
+    first.join(10)
+    second.join(10)
+    assert [response.status_code for response in results] == [200, 200]
+    assert len(upstream.received(token)) == 2
+    assert settled(gateway)
+    samples = scrape(gateway)
+    assert value(samples, "gateway_queue_slots") == 1
+    assert value(samples, "gateway_queue_wait_seconds_count", key=quiet.key_id) == 1
+    assert value(samples, "gateway_queue_wait_seconds_bucket", key=noisy.key_id, le="0.005") == 1
+
+
+def test_a_request_that_waits_past_its_deadline_gets_503_and_is_charged_nothing(
+    make_gateway: GatewayFactory, keys: SqliteKeyStore, upstream: FakeUpstream, token: str
+) -> None:
+    gateway = make_gateway(
+        keys_db=str(keys.path), engine_slots=1, reserved_slots=0, queue_timeout_s=0.3
+    )
+    (_, noisy_secret), (quiet, quiet_secret) = (
+        keys.create(name, limits=LIMITS) for name in ("noisy", "quiet")
+    )
+    results: list[httpx.Response] = []
+    first = in_background(gateway, noisy_secret, token, results)
+    assert eventually(lambda: len(upstream.received(token)) == 1)
+    refusals: list[httpx.Response] = []
+    post(gateway, quiet_secret, token, refusals)
+    refused = refusals[0]
+    assert refused.status_code == 503
+    assert refused.headers["retry-after"] == "1"
+    assert refused.json()["error"]["code"] == "engine_overloaded"
+    assert key_usage(gateway, quiet.key_id) == (0, 0, 0, 0)  # not even the request counted
+    assert value(scrape(gateway), "gateway_queue_timeouts_total", key=quiet.key_id) == 1
+    upstream.release(token)
+    first.join(10)
+    assert results[0].status_code == 200
+    assert settled(gateway)
+
+
+def test_a_client_that_leaves_while_waiting_is_charged_nothing(
+    make_gateway: GatewayFactory, keys: SqliteKeyStore, upstream: FakeUpstream, token: str
+) -> None:
+    gateway = make_gateway(keys_db=str(keys.path), engine_slots=1, reserved_slots=0)
+    (_, noisy_secret), (quiet, quiet_secret) = (
+        keys.create(name, limits=LIMITS) for name in ("noisy", "quiet")
+    )
+    results: list[httpx.Response] = []
+    first = in_background(gateway, noisy_secret, token, results)
+    assert eventually(lambda: len(upstream.received(token)) == 1)
+    body = httpx.Request(
+        "POST",
+        f"{gateway.url}/v1/chat/completions?t={token}",
+        json=GATED,
+        headers={"Authorization": f"Bearer {quiet_secret}", "Host": "x"},
+    )
+    head = f"POST /v1/chat/completions?t={token} HTTP/1.1\r\n" + "".join(
+        f"{name}: {value}\r\n" for name, value in body.headers.items()
+    )
+    with socket.create_connection(("127.0.0.1", gateway.port)) as sock:
+        sock.sendall(head.encode() + b"\r\n" + body.read())
+        assert eventually(lambda: waiting(gateway, quiet.key_id) == 1)
+    assert eventually(lambda: waiting(gateway, quiet.key_id) == 0)
+    assert value(scrape(gateway), "gateway_queue_abandoned_total", key=quiet.key_id) == 1
+    assert key_usage(gateway, quiet.key_id) == (0, 0, 0, 0)
+    upstream.release(token)
+    first.join(10)
+    assert len(upstream.received(token)) == 1  # the one that left never reached the engine
+    assert settled(gateway)
