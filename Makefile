@@ -16,7 +16,7 @@ REPLICAS ?= 1
 # `make monitor`'s Prometheus (http://127.0.0.1:$(PROM_PORT)).
 PROM_PORT ?= 9090
 
-.PHONY: up monitor check test lint typecheck docs venv system-deps k8s-tools k8s-check loadtest loadtest-crosscheck loadtest-memory bench bench-routing clean
+.PHONY: up monitor check test lint typecheck docs venv system-deps k8s-tools k8s-check loadtest loadtest-crosscheck loadtest-memory bench bench-routing bench-fairness clean
 
 venv: $(STAMP)
 
@@ -141,6 +141,11 @@ bench: $(STAMP)
 # fast upstreams; vLLM's prefix cache hit rate on two real CPU engines), ~10 min.
 bench-routing: $(STAMP)
 	$(BIN)/python -m bench.routing
+
+# A quiet key's time to first token while a noisy key floods one real CPU engine: vLLM's
+# FCFS queue vs the gateway's fair queue at several --reserved-slots, 3 runs, ~10 min.
+bench-fairness: $(STAMP)
+	$(BIN)/python -m bench.fairness
 
 clean:
 	rm -rf $(VENV) var build .mypy_cache .ruff_cache .pytest_cache

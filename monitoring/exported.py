@@ -14,6 +14,7 @@ check that fails first, for example when a vLLM upgrade renames a metric.
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import re
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from serving.engine.launcher_metrics import LauncherMetrics
 from serving.engine.load_stats import LoadStats
+from serving.gateway.fair_queue import FairQueue
 from serving.gateway.metrics import GatewayMetrics, RequestRecord
 
 SUFFIXES = {"gauge": ("",), "counter": ("_total",), "histogram": ("_bucket", "_sum", "_count")}
@@ -52,7 +54,9 @@ class _Engine:
 
 
 def gateway_names() -> set[str]:
-    metrics = GatewayMetrics(engines=[_Engine()])
+    queue = FairQueue(16, reserved=2, timeout_s=30.0)
+    queue.release(asyncio.run(queue.turn("key_a", cost=16)))  # a key with queue series
+    metrics = GatewayMetrics(engines=[_Engine()], queue=queue)
     served = RequestRecord(
         started=1.0, key="key_a", model="qwen3-tiny", status=200, prompt_tokens=12,
         completion_tokens=4, upstream_error="in_band", forwarded_at=1.001, first_byte_at=1.2,

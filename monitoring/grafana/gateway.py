@@ -1,4 +1,5 @@
-"""The Gateway dashboard: traffic, latency, quotas and upstream health from `gateway_*` series.
+"""The Gateway dashboard: traffic, latency, quotas, fair sharing and upstream health from
+`gateway_*` series.
 
 The series are listed in serving/gateway/metrics.py's docstring. `key` is a key's public id,
 never its secret. The gateway exports no remaining budget: the quota store keeps it, and a
@@ -227,6 +228,58 @@ def build() -> dict[str, Any]:
     )
     board.add(_spent("Tokens charged per key today (UTC)", "day", "now/d"))
     board.add(_spent("Tokens charged per key this month (UTC)", "month", "now/M"))
+
+    board.row("Fair sharing")
+    board.add(
+        timeseries_panel(
+            "Requests waiting for an engine slot, by key",
+            COUNT,
+            [Query(f"sum by (key) (gateway_queue_waiting{{{KEYS}}})", "{{key}}")],
+            description=(
+                "Admitted requests waiting in the gateway because the engines' slots "
+                "(--engine-slots x engines) are taken; a flooding key waits, not the others."
+            ),
+            width=6,
+        )
+    )
+    board.add(
+        timeseries_panel(
+            "Wait for a slot, by key",
+            SECONDS,
+            percentile_queries("gateway_queue_wait_seconds", KEYS, by="key"),
+            description="Admission to a slot (0 for a request that found one free).",
+            width=6,
+        )
+    )
+    board.add(
+        timeseries_panel(
+            "Engine slots held",
+            COUNT,
+            [
+                Query(f"sum(gateway_queue_running{{{GATEWAYS}}})", "held"),
+                Query(f"sum(gateway_queue_slots{{{GATEWAYS}}})", "slots"),
+            ],
+            description="Requests running on the engines through the fair queue, of all slots.",
+            width=6,
+        )
+    )
+    board.add(
+        timeseries_panel(
+            "Requests that never got a slot",
+            REQUESTS_PER_S,
+            [
+                Query(_sum_rate("gateway_queue_timeouts_total", KEYS, "key"), "timed out {{key}}"),
+                Query(
+                    _sum_rate("gateway_queue_abandoned_total", KEYS, "key"), "client left {{key}}"
+                ),
+            ],
+            description=(
+                "Waited their deadline (503 engine_overloaded, nothing charged), or their "
+                "client went away while they waited (nothing charged)."
+            ),
+            width=6,
+        )
+    )
 
     board.row("Upstream")
     board.add(

@@ -36,6 +36,11 @@ class Caller(QuotaSubject, Protocol):
     @property
     def models(self) -> tuple[str, ...]: ...
 
+    @property
+    def weight(self) -> int:
+        """Its share of the engine under fair sharing (`fair_queue`)."""
+        ...
+
     def allows_model(self, model: str) -> bool: ...
 
 
@@ -47,6 +52,7 @@ class Principal:
     limits: Limits = NO_LIMITS
     model_limits: Mapping[str, Limits] = field(default_factory=dict)
     models: tuple[str, ...] = ()
+    weight: int = 1
 
     def allows_model(self, model: str) -> bool:
         return not self.models or model in self.models

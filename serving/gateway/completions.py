@@ -11,6 +11,8 @@ One handler reads like the request's life (docs/architecture.md, the request pat
               anything reaches the upstream
     check     what costs the event loop (schemas), only for an admitted request; a 400
               here withdraws the reservation: nothing consumed, requests/min included
+    wait      with fair sharing on (`fair_queue`), for the request's engine slots; a
+              request that never gets them (deadline, client gone) is withdrawn
     forward   with the admitted max_tokens and, for streams, usage always asked for; the
               response is relayed as it arrives and read for usage on the way
     settle    exactly once, however it ended (in a `finally`):
@@ -129,6 +131,8 @@ class Completions:
                 turn = await self._queue.turn(
                     caller.key_id,
                     cost=parsed.prompt_estimate + decision.max_tokens * parsed.choices,
+                    seats=parsed.choices,
+                    weight=caller.weight,
                     gone=lambda: _client_gone(receive),
                 )
             except BaseException as exc:

@@ -10,9 +10,9 @@
 Why. vLLM serves `max_num_seqs` sequences at once and queues the rest first come, first
 served; a key that keeps them all busy makes every other key wait for one of its requests to
 end, and vLLM's priority policy does not free a slot a running sequence holds. So the gateway
-holds the excess: at most `slots` requests (the engines' sequences together) run at once, one
-key at most `slots - reserved` of them (so a slot is free for a key that arrives while another
-floods), and the rest wait here, per key.
+holds the excess: at most `slots` sequences (the engines' together; a request takes one per
+choice, n or a batch's prompts) run at once, one key's at most `slots - reserved` of them (so
+a slot is free for a key that arrives while another floods), and the rest wait here, per key.
 
 Who goes next. Each key has a virtual counter: the tokens it has been served (its
 reservation when it starts, corrected to what it was charged when it ends), divided by its
@@ -50,11 +50,12 @@ class ClientLeft(Exception):
 
 @dataclass(slots=True, eq=False)
 class Turn:
-    """A running request's slot: give it back with `FairQueue.release`."""
+    """A running request's slots: give them back with `FairQueue.release`."""
 
     key: str
     weight: float
     cost: int
+    seats: int
     waited_s: float
     released: bool = False
 
@@ -64,6 +65,7 @@ class _Waiter:
     key: str
     weight: float
     cost: int
+    seats: int
     since: float
     future: asyncio.Future[Turn]
 
@@ -121,22 +123,26 @@ class FairQueue:
         *,
         cost: int,
         weight: float = 1.0,
+        seats: int = 1,
         gone: Callable[[], Awaitable[object]] | None = None,
     ) -> Turn:
-        """A slot for one request of `key` that will cost about `cost` tokens: at once when
-        one is free and nobody waits, else when the fair order says so. `gone` returns when
-        the client disconnects."""
+        """Slots for one request of `key` that runs `seats` sequences (n, or a batch of
+        prompts: each takes one of vLLM's max_num_seqs) and will cost about `cost` tokens:
+        at once when they are free and nobody waits, else when the fair order says so.
+        `gone` returns when the client disconnects."""
+        seats = min(max(1, seats), self.per_key)  # more could never run
         if (
             not self._waiting_total
-            and self.running < self.slots
-            and self._running.get(key, 0) < self.per_key
+            and self.running + seats <= self.slots
+            and self._running.get(key, 0) + seats <= self.per_key
         ):
             self._activate(key)
-            return self._start(key, weight, cost, 0.0)
+            return self._start(key, weight, cost, seats, 0.0)
         self._activate(key)
         self._stats(key)  # its waiting count shows from now on
         now = self._clock()
-        waiter = _Waiter(key, weight, cost, now, asyncio.get_running_loop().create_future())
+        future = asyncio.get_running_loop().create_future()
+        waiter = _Waiter(key, weight, cost, seats, now, future)
         self._waiting.setdefault(key, deque()).append(waiter)
         self._waiting_total += 1
         self._dispatch()
@@ -149,8 +155,8 @@ class FairQueue:
         if turn.released:
             return
         turn.released = True
-        self.running -= 1
-        left = self._running[turn.key] - 1
+        self.running -= turn.seats
+        left = self._running[turn.key] - turn.seats
         if left:
             self._running[turn.key] = left
         else:
@@ -207,20 +213,22 @@ class FairQueue:
             return
         self._virtual[key] = max(self._virtual.get(key, 0.0), min(active))
 
-    def _start(self, key: str, weight: float, cost: int, waited_s: float) -> Turn:
-        self.running += 1
-        self._running[key] = self._running.get(key, 0) + 1
+    def _start(self, key: str, weight: float, cost: int, seats: int, waited_s: float) -> Turn:
+        self.running += seats
+        self._running[key] = self._running.get(key, 0) + seats
         self._virtual[key] = self._virtual.get(key, 0.0) + cost / weight
         self._stats(key).waited.observe(waited_s)
-        return Turn(key, weight, cost, waited_s)
+        return Turn(key, weight, cost, seats, waited_s)
 
     def _dispatch(self) -> None:
         while self._waiting_total and self.running < self.slots:
             best: deque[_Waiter] | None = None
             best_order = (0.0, 0, 0.0)
+            free = self.slots - self.running
             for key, queue in self._waiting.items():
                 running = self._running.get(key, 0)
-                if running >= self.per_key:
+                seats = queue[0].seats
+                if seats > free or running + seats > self.per_key:
                     continue
                 # fewest weighted tokens; on a tie (a key just lifted to another's counter)
                 # the key running fewer requests, then the oldest request
@@ -228,13 +236,14 @@ class FairQueue:
                 if best is None or order < best_order:
                     best, best_order = queue, order
             if best is None:
-                return  # every waiting key holds its share: the free slots stay free
+                return  # no waiting key fits (its share is held, or too few slots are free)
             waiter = best.popleft()
             self._waiting_total -= 1
             if not best:
                 del self._waiting[waiter.key]
             waited = self._clock() - waiter.since
-            waiter.future.set_result(self._start(waiter.key, waiter.weight, waiter.cost, waited))
+            turn = self._start(waiter.key, waiter.weight, waiter.cost, waiter.seats, waited)
+            waiter.future.set_result(turn)
 
     def _stats(self, key: str) -> KeyQueueStats:
         stats = self.stats.get(key)

@@ -74,6 +74,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="extra limits for one model, e.g. qwen3-tiny:rpm=10,tpm=5000 (repeatable)",
     )
     create.add_argument(
+        "--weight",
+        type=int,
+        default=1,
+        metavar="N",
+        help="share of the engine under fair sharing, against the other waiting keys "
+        "(1-1000, default: 1)",
+    )
+    create.add_argument(
         "--emit-yaml",
         action="store_true",
         help="print a keys-file entry (for a Kubernetes Secret) instead of storing the key",
@@ -118,7 +126,9 @@ def _run_on_redis(args: argparse.Namespace) -> int:
 def _act(store: WritableKeyStore, args: argparse.Namespace) -> int:
     if args.keys_command == "create":
         name, limits, models, model_limits = _key_fields(args)
-        record, secret = store.create(name, limits=limits, models=models, model_limits=model_limits)
+        record, secret = store.create(
+            name, limits=limits, models=models, model_limits=model_limits, weight=_weight(args)
+        )
         print(f"created {record.key_id} ({record.name}) in {store.location}")
         print(f"secret: {secret}")
         print("the secret is shown only now: only its hash is stored")
@@ -140,13 +150,21 @@ def _emit_yaml(args: argparse.Namespace) -> int:
 
     name, limits, models, model_limits = _key_fields(args)
     record, secret = next(
-        new_records(name, limits=limits, models=models, model_limits=model_limits)
+        new_records(
+            name, limits=limits, models=models, model_limits=model_limits, weight=_weight(args)
+        )
     )
     # The YAML goes to stdout so it can be redirected into a file; the secret to the terminal.
     sys.stdout.write(render_keys_yaml([record]))
     print(f"created {record.key_id} ({record.name}); secret: {secret}", file=sys.stderr)
     print("the secret is shown only now: only its hash is in the YAML", file=sys.stderr)
     return 0
+
+
+def _weight(args: argparse.Namespace) -> int:
+    from serving.gateway.keys.record import check_weight
+
+    return check_weight(args.weight, where="--weight")
 
 
 def _key_fields(
@@ -267,6 +285,7 @@ def _print_record(record: KeyRecord) -> None:
         ("status", "revoked" if record.revoked else "active"),
         *((field, _show(getattr(record.limits, field))) for field in LIMIT_FLAGS.values()),
         ("models", ", ".join(record.models) or "all"),
+        ("weight", str(record.weight)),
     ]
     for model, limits in record.model_limits.items():
         settings = ", ".join(f"{name}={value}" for name, value in limits.to_mapping().items())

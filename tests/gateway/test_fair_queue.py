@@ -187,3 +187,24 @@ def test_a_cancelled_wait_takes_nothing() -> None:
 def test_bad_sizes_are_refused(slots: int, reserved: int) -> None:
     with pytest.raises(ValueError, match=r"slots|reserved"):
         FairQueue(slots, reserved=reserved, timeout_s=1)
+
+
+def test_a_request_takes_a_slot_per_sequence() -> None:
+    async def scenario() -> None:
+        queue = FairQueue(4, reserved=1, timeout_s=5)
+        three = await asyncio.wait_for(queue.turn("a", cost=300, seats=3), 1)  # n=3
+        assert (queue.running, queue.running_of("a")) == (3, 3)
+        two = asyncio.create_task(queue.turn("b", cost=200, seats=2))
+        await asyncio.sleep(0.01)
+        assert not two.done()  # one slot free, two needed
+        one = await started(queue, "c")  # one sequence fits beside the waiting pair
+        queue.release(three)
+        assert (await asyncio.wait_for(two, 1)).seats == 2
+        capped = asyncio.create_task(queue.turn("d", cost=900, seats=9))
+        queue.release(one)
+        queue.release(two.result())
+        assert (await asyncio.wait_for(capped, 1)).seats == 3  # a key's share, not never
+        queue.release(capped.result())
+        assert queue.running == 0
+
+    run(scenario())

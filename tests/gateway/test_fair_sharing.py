@@ -50,9 +50,9 @@ def test_past_the_slots_a_request_waits_and_runs_when_one_frees(
     )
     results: list[httpx.Response] = []
     first = in_background(gateway, noisy_secret, token, results)
-    assert eventually(lambda: len(upstream.received(token)) == 1)
+    assert eventually(lambda: len(upstream.received(token)) == 1, timeout=30)
     second = in_background(gateway, quiet_secret, token, results)
-    assert eventually(lambda: waiting(gateway, quiet.key_id) == 1)
+    assert eventually(lambda: waiting(gateway, quiet.key_id) == 1, timeout=30)
     assert len(upstream.received(token)) == 1  # it waits in the gateway, not in the engine
     assert key_usage(gateway, quiet.key_id)[0] == 1  # admitted: its slot of concurrency is held
     upstream.release(token)
@@ -78,7 +78,7 @@ def test_a_request_that_waits_past_its_deadline_gets_503_and_is_charged_nothing(
     )
     results: list[httpx.Response] = []
     first = in_background(gateway, noisy_secret, token, results)
-    assert eventually(lambda: len(upstream.received(token)) == 1)
+    assert eventually(lambda: len(upstream.received(token)) == 1, timeout=30)
     refusals: list[httpx.Response] = []
     post(gateway, quiet_secret, token, refusals)
     refused = refusals[0]
@@ -102,7 +102,7 @@ def test_a_client_that_leaves_while_waiting_is_charged_nothing(
     )
     results: list[httpx.Response] = []
     first = in_background(gateway, noisy_secret, token, results)
-    assert eventually(lambda: len(upstream.received(token)) == 1)
+    assert eventually(lambda: len(upstream.received(token)) == 1, timeout=30)
     body = httpx.Request(
         "POST",
         f"{gateway.url}/v1/chat/completions?t={token}",
@@ -114,11 +114,32 @@ def test_a_client_that_leaves_while_waiting_is_charged_nothing(
     )
     with socket.create_connection(("127.0.0.1", gateway.port)) as sock:
         sock.sendall(head.encode() + b"\r\n" + body.read())
-        assert eventually(lambda: waiting(gateway, quiet.key_id) == 1)
-    assert eventually(lambda: waiting(gateway, quiet.key_id) == 0)
+        assert eventually(lambda: waiting(gateway, quiet.key_id) == 1, timeout=30)
+    assert eventually(lambda: waiting(gateway, quiet.key_id) == 0, timeout=30)
     assert value(scrape(gateway), "gateway_queue_abandoned_total", key=quiet.key_id) == 1
     assert key_usage(gateway, quiet.key_id) == (0, 0, 0, 0)
     upstream.release(token)
     first.join(10)
     assert len(upstream.received(token)) == 1  # the one that left never reached the engine
     assert settled(gateway)
+
+
+def test_a_key_weight_divides_what_it_is_counted_as_served(
+    make_gateway: GatewayFactory, keys: SqliteKeyStore
+) -> None:
+    gateway = make_gateway(keys_db=str(keys.path), engine_slots=4)
+    record, secret = keys.create("heavy", limits=LIMITS, weight=4)
+    body = {"model": "fake", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
+    with httpx.Client(timeout=30) as client:
+        response = client.post(
+            f"{gateway.url}/v1/chat/completions",
+            json=body,
+            headers={"Authorization": f"Bearer {secret}"},
+        )
+    assert response.status_code == 200
+    assert settled(gateway)
+    charged = key_usage(gateway, record.key_id)[2]
+    assert charged > 0
+    queue = gateway.app.queue
+    assert queue is not None
+    assert gateway.in_loop(lambda: queue.virtual(record.key_id)) == charged / 4

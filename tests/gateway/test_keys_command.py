@@ -31,7 +31,7 @@ def test_create_list_show_revoke(tmp_path: Path, capsys: pytest.CaptureFixture[s
         "keys", "create", "--store", store, "--name", "team-a",
         "--rpm", "60", "--tpm", "20000", "--tokens-per-day", "100000",
         "--tokens-per-month", "2000000", "--max-concurrency", "4", "--max-tokens", "512",
-        "--models", "m1, m2", "--model-limit", "m1:rpm=10,max-tokens=64",
+        "--models", "m1, m2", "--model-limit", "m1:rpm=10,max-tokens=64", "--weight", "3",
     )  # fmt: skip
     assert code == 0
     secrets = SECRET.findall(out)
@@ -51,6 +51,7 @@ def test_create_list_show_revoke(tmp_path: Path, capsys: pytest.CaptureFixture[s
     )
     assert record.models == ("m1", "m2")
     assert record.model_limits == {"m1": Limits(rpm=10, max_tokens=64)}
+    assert record.weight == 3
 
     code, out, _ = serving(capsys, "keys", "list", "--store", store)
     assert code == 0
@@ -62,6 +63,7 @@ def test_create_list_show_revoke(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert re.search(rf"^id:\s+{key_id}$", out, re.MULTILINE)
     assert re.search(r"max_concurrency:\s+4", out)
     assert re.search(r"limits for m1:\s+rpm=10, max_tokens=64", out)
+    assert re.search(r"^weight:\s+3$", out, re.MULTILINE)
     assert not SECRET.search(out)
 
     code, out, _ = serving(capsys, "keys", "revoke", key_id, "--store", store)
@@ -99,6 +101,7 @@ def test_list_of_an_empty_store(tmp_path: Path, capsys: pytest.CaptureFixture[st
             ["create", "--name", "a", "--models", "m2", "--model-limit", "m1:rpm=3"],
             "--model-limit: model 'm1' is not in the key's models",
         ),
+        (["create", "--name", "a", "--weight", "0"], "--weight must be an integer from 1 to 1000"),
         (["show", "key_00000000"], "KEY_ID 'key_00000000': no such key in"),
         (["revoke", "key_00000000"], "no such key"),
         (["revoke", "team-a"], "KEY_ID 'team-a' is not a key id"),
@@ -129,6 +132,8 @@ def test_emit_yaml_prints_a_keys_file_entry_and_stores_nothing(
         "k8s",
         "--rpm",
         "5",
+        "--weight",
+        "2",
         "--emit-yaml",
     )
     assert code == 0
@@ -145,6 +150,7 @@ def test_emit_yaml_prints_a_keys_file_entry_and_stores_nothing(
     loaded = FileKeyStore(keys_file)
     record = loaded.authenticate(secret)
     assert record is not None and record.name == "k8s" and record.limits == Limits(rpm=5)
+    assert record.weight == 2 and "weight: 2" in out
     assert sorted(r.name for r in loaded.list_keys()) == ["k8s", "second", "third"]
 
 

@@ -11,6 +11,8 @@ The declarative form, one entry of a keys file:
     models: [qwen3-tiny]              # empty or absent: every model
     model_limits:                     # optional, counted separately and on top of `limits`
       qwen3-tiny: {rpm: 10}
+    weight: 2                         # optional (default 1): share of the engine under fair
+                                      # sharing, against the other keys waiting
 
 `new_records` is how every writer makes a new key: the fields checked once, an id and secret
 drawn, the secret hashed.
@@ -42,7 +44,9 @@ _FIELDS = {
     "limits",
     "models",
     "model_limits",
+    "weight",
 }
+MAX_WEIGHT = 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +59,7 @@ class KeyRecord:
     models: tuple[str, ...] = ()  # empty: every model
     model_limits: Mapping[str, Limits] = field(default_factory=dict)
     revoked: bool = False
+    weight: int = 1
 
     def allows_model(self, model: str) -> bool:
         return not self.models or model in self.models
@@ -73,6 +78,8 @@ class KeyRecord:
             document["model_limits"] = {
                 model: limits.to_mapping() for model, limits in self.model_limits.items()
             }
+        if self.weight != 1:
+            document["weight"] = self.weight
         return document
 
     @classmethod
@@ -105,7 +112,15 @@ class KeyRecord:
             models=models,
             model_limits=model_limits,
             revoked=revoked,
+            weight=check_weight(data.get("weight", 1), where=f"{where}.weight"),
         )
+
+
+def check_weight(value: object, *, where: str) -> int:
+    """A key's fair-sharing weight: an integer from 1 to MAX_WEIGHT."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_WEIGHT:
+        raise ServingError(f"{where} must be an integer from 1 to {MAX_WEIGHT}, got {value!r}")
+    return value
 
 
 def new_records(
@@ -114,6 +129,7 @@ def new_records(
     limits: Limits = NO_LIMITS,
     models: Sequence[str] = (),
     model_limits: Mapping[str, Limits] | None = None,
+    weight: int = 1,
     now: datetime | None = None,
 ) -> Iterator[tuple[KeyRecord, str]]:
     """Up to `ID_ATTEMPTS` candidates `(record, secret)` for one new key, each with a freshly
@@ -123,6 +139,7 @@ def new_records(
     checked_models = check_models(list(models), where="models")
     checked_model_limits = dict(model_limits or {})
     check_model_limits(checked_model_limits, checked_models, where="model_limits")
+    checked_weight = check_weight(weight, where="weight")
     created_at = (now or datetime.now(UTC)).replace(microsecond=0)
     for _ in range(ID_ATTEMPTS):
         key_id, secret = new_secret()
@@ -134,6 +151,7 @@ def new_records(
             limits=limits,
             models=checked_models,
             model_limits=checked_model_limits,
+            weight=checked_weight,
         )
         yield record, secret
 

@@ -99,11 +99,12 @@ class SqliteKeyStore:
         limits: Limits = NO_LIMITS,
         models: Sequence[str] = (),
         model_limits: Mapping[str, Limits] | None = None,
+        weight: int = 1,
         now: datetime | None = None,
     ) -> tuple[KeyRecord, str]:
         """Store a new key; returns it with its secret, which exists nowhere else."""
         candidates = new_records(
-            name, limits=limits, models=models, model_limits=model_limits, now=now
+            name, limits=limits, models=models, model_limits=model_limits, weight=weight, now=now
         )
         for record, secret in candidates:
             try:
@@ -131,7 +132,7 @@ class SqliteKeyStore:
         document = record.to_document()
         policy = {
             name: document[name]
-            for name in ("limits", "models", "model_limits")
+            for name in ("limits", "models", "model_limits", "weight")
             if name in document
         }
         with self._lock:

@@ -48,6 +48,7 @@ class WritableKeyStore(KeyStore, Protocol):
         limits: Limits = NO_LIMITS,
         models: Sequence[str] = (),
         model_limits: Mapping[str, Limits] | None = None,
+        weight: int = 1,
         now: datetime | None = None,
     ) -> tuple[KeyRecord, str]:
         """Store a new key; returns it with its secret, which is stored nowhere."""

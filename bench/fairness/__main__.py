@@ -1,0 +1,259 @@
+"""Command line of the fair sharing benchmark (see the package docstring)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+
+import aiohttp
+import uvloop
+
+from bench.fairness.load import QuietResult, Tenant, noisy_load, quiet_load
+from bench.gateway_overhead.paths import BENCH_KEY_LIMITS, READY_TIMEOUT_S, REPO_ROOT
+from bench.gateway_overhead.processes import BenchError, Launcher, can_pin, free_port, pin_self
+from bench.routing.engines import Engine, start_engines
+from loadtest.scraper import GENERATION_TOKENS, RUNNING, WAITING, parse_metrics
+from serving.gateway.settings import GatewaySettings
+
+RESULTS_DIR = Path(__file__).resolve().parent.parent / "results"
+STEM = "fairness"
+PROFILE = "cpu-tiny"
+MODEL = "qwen3-tiny"
+GATEWAY_CPU = 1
+IDLE_TIMEOUT_S = 120.0
+GOAL = {"median": 2.0, "p99": 3.0, "throughput": 0.9}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.fairness",
+        description="A quiet key's TTFT under a noisy key's flood: vLLM's FCFS vs fair sharing.",
+    )
+    parser.add_argument("--seconds", type=float, default=20.0, help="quiet load per setting")
+    parser.add_argument("--runs", type=int, default=3, help="runs in a row (medians)")
+    parser.add_argument("--quiet-rate", type=float, default=2.0, help="quiet requests per s")
+    parser.add_argument(
+        "--noisy-streams", type=int, default=48, help="noisy streams kept going (default: 3x)"
+    )
+    parser.add_argument(
+        "--reserved",
+        default="2,4,6",
+        help="--reserved-slots of the fair gateways, comma-separated (default: %(default)s)",
+    )
+    parser.add_argument("--output-dir", type=Path, default=RESULTS_DIR)
+    return parser
+
+
+def _serving(*args: str) -> list[str]:
+    return [sys.executable, "-m", "serving.cli", *args]
+
+
+def _create_key(store: Path, name: str) -> str:
+    import subprocess
+
+    done = subprocess.run(
+        _serving("keys", "create", "--store", str(store), "--name", name, *BENCH_KEY_LIMITS),
+        capture_output=True, text=True, cwd=REPO_ROOT, check=False,
+    )  # fmt: skip
+    secret = next((line.split(":", 1)[1].strip() for line in done.stdout.splitlines()
+                   if line.startswith("secret:")), "")  # fmt: skip
+    if done.returncode or not secret:
+        raise BenchError(f"serving keys create failed: {done.stderr or done.stdout}")
+    return secret
+
+
+async def _metrics(engine: Engine) -> dict[str, float]:
+    async with aiohttp.ClientSession() as session, session.get(engine.base_url + "/metrics") as r:
+        return parse_metrics(await r.text())
+
+
+async def _wait_idle(engine: Engine) -> None:
+    deadline = time.monotonic() + IDLE_TIMEOUT_S
+    while time.monotonic() < deadline:
+        values = await _metrics(engine)
+        if values.get(RUNNING, 0) == 0 and values.get(WAITING, 0) == 0:
+            return
+        await asyncio.sleep(0.5)
+    raise BenchError(f"the engine did not go idle within {IDLE_TIMEOUT_S:.0f} s")
+
+
+async def _start_gateway(
+    launcher: Launcher, name: str, engine: Engine, keys_db: Path, flags: Sequence[str]
+) -> str:
+    port = free_port()
+    argv = _serving("gateway", "--upstream", engine.base_url, "--port", str(port),
+                    "--keys-db", str(keys_db), "--drain-delay", "0", *flags)  # fmt: skip
+    launcher.start(name, argv, cpu=GATEWAY_CPU, cwd=REPO_ROOT)
+    url = f"http://127.0.0.1:{port}"
+
+    async def ready() -> str | None:
+        try:
+            async with aiohttp.ClientSession() as session, session.get(url + "/readyz") as r:
+                return None if r.status == 200 else f"/readyz {r.status}"
+        except aiohttp.ClientError as exc:
+            return str(exc)
+
+    await launcher.wait_until(name, ready, timeout_s=READY_TIMEOUT_S)
+    return url
+
+
+def _summary(result: QuietResult) -> dict[str, float]:
+    ttft = sorted(result.ttft_s)
+    if not ttft:
+        return {"n": 0}
+    p99 = ttft[min(len(ttft) - 1, max(0, round(0.99 * len(ttft)) - 1))]
+    return {"n": len(ttft), "median_ms": statistics.median(ttft) * 1000, "p99_ms": p99 * 1000}
+
+
+async def _measure(
+    engine: Engine, url: str, keys: dict[str, str], args: argparse.Namespace, *, noisy: bool
+) -> dict[str, object]:
+    quiet = Tenant(url, keys["quiet"], MODEL)
+    flood = Tenant(url, keys["noisy"], MODEL)
+    await _wait_idle(engine)
+    if not noisy:
+        before = await _metrics(engine)
+        started = time.perf_counter()
+        result = await quiet_load(quiet, rate_per_s=args.quiet_rate, seconds=args.seconds)
+        errors: list[str] = []
+    else:
+        async with noisy_load(flood, streams=args.noisy_streams) as errors:
+            await asyncio.sleep(5)  # the flood fills the engine (and the gateway's queue)
+            before = await _metrics(engine)
+            started = time.perf_counter()
+            result = await quiet_load(quiet, rate_per_s=args.quiet_rate, seconds=args.seconds)
+            after = await _metrics(engine)
+            elapsed = time.perf_counter() - started
+    if not noisy:
+        after = await _metrics(engine)
+        elapsed = time.perf_counter() - started
+    generated = after.get(GENERATION_TOKENS, 0) - before.get(GENERATION_TOKENS, 0)
+    return {
+        **_summary(result),
+        "tokens_per_s": generated / elapsed,
+        "quiet_errors": result.errors[:3],
+        "noisy_errors": len(errors),
+    }
+
+
+async def run(args: argparse.Namespace) -> dict[str, object]:
+    if can_pin():
+        pin_self(GATEWAY_CPU)
+    from serving.profiles import load_profile
+
+    slots = load_profile(PROFILE).max_num_seqs
+    reserved = [int(value) for value in args.reserved.split(",") if value]
+    for value in reserved:
+        GatewaySettings.create(
+            upstream="http://x:1", api_keys=["k"], engine_slots=slots, reserved_slots=value
+        )  # fmt: skip  (a bad value fails here)
+    settings = {"fcfs": ["--scheduling", "fcfs"]}
+    for value in reserved:
+        settings[f"fair, {value} reserved"] = [
+            "--engine-slots", str(slots), "--reserved-slots", str(value)
+        ]  # fmt: skip
+    runs: list[dict[str, dict[str, object]]] = []
+    with (
+        tempfile.TemporaryDirectory(prefix="fairness-") as tmp,
+        Launcher(Path(tmp), pin=can_pin()) as launcher,
+    ):
+        print(f"starting a {PROFILE} engine and {len(settings)} gateways ...", flush=True)
+        (engine,) = await start_engines(launcher, count=1, profile=PROFILE)
+        keys_db = Path(tmp) / "keys.db"
+        keys = {name: _create_key(keys_db, name) for name in ("quiet", "noisy")}
+        urls = {
+            name: await _start_gateway(launcher, f"gw-{index}", engine, keys_db, flags)
+            for index, (name, flags) in enumerate(settings.items())
+        }
+        for number in range(1, args.runs + 1):
+            measured: dict[str, dict[str, object]] = {}
+            measured["alone"] = await _measure(engine, urls["fcfs"], keys, args, noisy=False)
+            print(f"run {number}: alone {measured['alone']}", flush=True)
+            for name, url in urls.items():
+                measured[name] = await _measure(engine, url, keys, args, noisy=True)
+                print(f"run {number}: {name} {measured[name]}", flush=True)
+            runs.append(measured)
+    return {
+        "benchmark": STEM,
+        "created": datetime.now(UTC).replace(microsecond=0).isoformat(),
+        "command": "python -m bench.fairness " + " ".join(sys.argv[1:]),
+        "machine": {"cpus": os.cpu_count(), "loadavg_after": list(os.getloadavg())},
+        "plan": {
+            "seconds": args.seconds,
+            "runs": args.runs,
+            "quiet_rate": args.quiet_rate,
+            "noisy_streams": args.noisy_streams,
+            "engine_slots": slots,
+            "quiet_max_tokens": 16,
+            "noisy_max_tokens": 256,
+        },
+        "settings": settings,
+        "runs": runs,
+    }
+
+
+def _ratio(value: object, base: object) -> float:
+    return float(value) / float(base) if isinstance(value, int | float) and base else float("nan")  # type: ignore[arg-type]
+
+
+def report(doc: dict[str, object]) -> str:
+    runs = doc["runs"]
+    assert isinstance(runs, list)
+    names = list(runs[0])
+    lines = [
+        "# Fair sharing benchmark", "",
+        f"`{doc['command']}` at {doc['created']}; plan: {json.dumps(doc['plan'])}.", "",
+        "The quiet key's time to first token (median and p99 of each run's requests; with a",
+        "request every half second the p99 of a run is about its slowest) and vLLM's generated",
+        "tokens/s while it ran. Ratios: against the quiet key alone in the same run (TTFT) and",
+        "against FCFS in the same run (tokens/s). Goal: median <= 2x alone, p99 <= 3x, tokens/s",
+        ">= 90% of FCFS, in the median of the runs; no run worse than 3x on the median.", "",
+        "| setting | TTFT median ms (runs) | x alone | TTFT p99 ms (runs) | x alone "
+        "| tokens/s | x FCFS |",
+        "|---|---|---|---|---|---|---|",
+    ]  # fmt: skip
+    for name in names:
+        med = [run[name].get("median_ms", float("nan")) for run in runs]
+        p99 = [run[name].get("p99_ms", float("nan")) for run in runs]
+        tps = [run[name]["tokens_per_s"] for run in runs]
+        med_x = [_ratio(run[name].get("median_ms"), run["alone"].get("median_ms")) for run in runs]
+        p99_x = [_ratio(run[name].get("p99_ms"), run["alone"].get("p99_ms")) for run in runs]
+        tps_x = [_ratio(run[name]["tokens_per_s"], run["fcfs"]["tokens_per_s"]) for run in runs]
+        lines.append(
+            f"| {name} | {statistics.median(med):.0f} ({', '.join(f'{v:.0f}' for v in med)}) "
+            f"| {statistics.median(med_x):.2f}x | {statistics.median(p99):.0f} "
+            f"({', '.join(f'{v:.0f}' for v in p99)}) | {statistics.median(p99_x):.2f}x "
+            f"| {statistics.median(tps):.0f} | {statistics.median(tps_x):.0%} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.runs < 1 or args.seconds <= 0 or args.quiet_rate <= 0 or args.noisy_streams < 1:
+        print("--runs, --seconds, --quiet-rate, --noisy-streams: must be positive", file=sys.stderr)
+        return 2
+    try:
+        doc = uvloop.run(run(args))
+    except BenchError as exc:
+        print(f"bench.fairness: {exc}", file=sys.stderr)
+        return 1
+    args.output_dir.mkdir(parents=True, exist_ok=True)
+    (args.output_dir / f"{STEM}.json").write_text(json.dumps(doc, indent=2) + "\n")
+    text = report(doc)
+    (args.output_dir / f"{STEM}.md").write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
