@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from loadtest.analysis import analyze
-from loadtest.config import StepRamp
+from loadtest.config import StepRamp, Tenancy, tenant_key_env
 from loadtest.crosscheck import run_crosscheck
 from loadtest.crosscheck_verdict import TOLERANCE, RoundResult
 from loadtest.errors import LoadTestError
@@ -220,6 +220,19 @@ def _meta(args: argparse.Namespace, plan: Plan) -> dict[str, Any]:
     }
 
 
+def _tenants(plan: Plan) -> dict[str, Tenancy]:
+    """The workload's tenants, each named one with its key in its variable (else an error
+    naming the variable); {} for a workload without tenants."""
+    tenants = plan.workload.tenants()
+    if set(tenants) == {""}:
+        return {}
+    for tenant in tenants:
+        variable = tenant_key_env(tenant)
+        if tenant and not os.environ.get(variable):
+            raise LoadTestError(f"workload tenant {tenant!r}: set its key in ${variable}")
+    return tenants
+
+
 def _template(args: argparse.Namespace, plan: Plan) -> LocustRun:
     return LocustRun(
         host=args.host,
@@ -232,6 +245,7 @@ def _template(args: argparse.Namespace, plan: Plan) -> LocustRun:
         metrics=_metrics(args),
         scrape_interval_s=args.scrape_interval,
         itl_events=not args.no_itl_events,
+        tenants=_tenants(plan),
     )
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from loadtest.errors import LoadTestError
@@ -42,6 +42,29 @@ class StepRamp:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Tenancy:
+    """One tenant of a workload (loadtest.workload): its scenarios, its share of the users,
+    and its bursts `(on_s, off_s)` (None: it sends all the time)."""
+
+    scenarios: tuple[str, ...]
+    share: float
+    bursts: tuple[float, float] | None = None
+
+    def sends_at(self, elapsed_s: float) -> float:
+        """0 when its users may send `elapsed_s` into the run, else the seconds until they may."""
+        if self.bursts is None:
+            return 0.0
+        on, off = self.bursts
+        phase = elapsed_s % (on + off)
+        return 0.0 if phase < on else on + off - phase
+
+
+def tenant_key_env(tenant: str) -> str:
+    """The variable holding a tenant's key: LOADTEST_API_KEY for the run's own ("")."""
+    return API_KEY_ENV + ("_" + tenant.upper().replace("-", "_") if tenant else "")
+
+
+@dataclass(frozen=True, kw_only=True)
 class UserConfig:
     model: str
     prompts_path: str
@@ -58,6 +81,9 @@ class UserConfig:
     # Users wanted, read from this file every second (the memory-plan ramp steps on
     # conditions it sees in the engine's metrics, not on a clock); "stop" ends the run.
     users_file: str | None = None
+    # Tenant -> its scenarios, share of the users and bursts (loadtest.workload); empty: one
+    # tenant, the run's own key, sending all the time.
+    tenants: dict[str, Tenancy] = field(default_factory=dict)
 
 
 def write_user_config(config: UserConfig, path: Path) -> None:
@@ -71,7 +97,15 @@ def read_user_config(path: str | None = None) -> UserConfig:
     try:
         data = json.loads(Path(where).read_text(encoding="utf-8"))
         ramp = data.pop("step_ramp", None)
-        return UserConfig(**data, step_ramp=StepRamp(**ramp) if ramp else None)
+        tenants = {
+            name: Tenancy(
+                scenarios=tuple(entry["scenarios"]),
+                share=entry["share"],
+                bursts=tuple(entry["bursts"]) if entry["bursts"] else None,
+            )
+            for name, entry in data.pop("tenants", {}).items()
+        }
+        return UserConfig(**data, step_ramp=StepRamp(**ramp) if ramp else None, tenants=tenants)
     except (OSError, ValueError, TypeError) as exc:
         raise LoadTestError(f"{where}: unreadable load-test config: {exc}") from exc
 

@@ -15,10 +15,17 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from loadtest.config import API_KEY_ENV, CONFIG_ENV, StepRamp, UserConfig, write_user_config
+from loadtest.config import (
+    API_KEY_ENV,
+    CONFIG_ENV,
+    StepRamp,
+    Tenancy,
+    UserConfig,
+    write_user_config,
+)
 from loadtest.cpu import CpuMonitor, CpuSummary
 from loadtest.errors import LoadTestError
 from loadtest.records import RequestRecord, read_records
@@ -57,6 +64,7 @@ class LocustRun:
     # Users from this file (loadtest.config.write_users), changed by a driver while Locust
     # runs; `duration_s` is then only the longest the run may take.
     users_file: Path | None = None
+    tenants: dict[str, Tenancy] = field(default_factory=dict)
 
 
 # Runs beside Locust (in the calling thread) while it runs; returns once it told Locust to stop.
@@ -135,6 +143,7 @@ def run_locust(run: LocustRun, driver: Driver | None = None) -> RunData:
             max_requests=run.max_requests,
             ordered=run.ordered,
             users_file=str(run.users_file.resolve()) if run.users_file else None,
+            tenants=run.tenants,
         ),
         config_path,
     )

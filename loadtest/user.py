@@ -48,7 +48,7 @@ from locust import constant, events, task
 from locust.contrib.fasthttp import FastHttpUser, ResponseContextManager
 from locust.exception import StopUser
 
-from loadtest.config import API_KEY_ENV, UserConfig, read_user_config
+from loadtest.config import UserConfig, read_user_config, tenant_key_env
 from loadtest.prompts import Prompt, read_prompts
 from loadtest.records import RecordWriter, RequestRecord
 from loadtest.sse import StreamMeter
@@ -72,6 +72,13 @@ class _Shared:
         self.cursor = itertools.count(start)
         self.taken = itertools.count()
         self.users = 0
+        # Tenants (loadtest.workload): each user sends one tenant's prompts with its key.
+        self.tenant_prompts = {
+            tenant: [p for p in self.prompts if p.scenario in tenancy.scenarios]
+            for tenant, tenancy in config.tenants.items()
+        }
+        self.tenant_users: dict[str, int] = dict.fromkeys(config.tenants, 0)
+        self.started = time.monotonic()
 
     def record(self, record: RequestRecord) -> None:
         self.disk.spawn(self.writer.write, record)
@@ -82,12 +89,29 @@ class _Shared:
         self.disk.kill()
         self.writer.close()
 
-    def next_prompt(self) -> Prompt | None:
-        """The next prompt, or None once `max_requests` have been handed out."""
+    def next_prompt(self, tenant: str | None = None) -> Prompt | None:
+        """The next prompt (of `tenant`'s scenarios), or None once `max_requests` have been
+        handed out."""
         limit = self.config.max_requests
         if limit is not None and next(self.taken) >= limit:
             return None
-        return self.prompts[next(self.cursor) % len(self.prompts)]
+        prompts = self.prompts if tenant is None else self.tenant_prompts[tenant]
+        return prompts[next(self.cursor) % len(prompts)]
+
+    def join_tenant(self) -> str | None:
+        """The tenant a new user sends for: the one furthest below its share of the users
+        (None without tenants)."""
+        if not self.config.tenants:
+            return None
+        total = sum(self.tenant_users.values()) + 1
+        tenant = min(
+            self.config.tenants,
+            key=lambda name: (
+                (self.tenant_users[name] + 1) / total / self.config.tenants[name].share
+            ),
+        )
+        self.tenant_users[tenant] += 1
+        return tenant
 
 
 _shared: _Shared | None = None
@@ -134,7 +158,8 @@ class LLMUser(FastHttpUser):
         # pool and the next request reuses it (see the module docstring).
         self.kept_alive = False
         self.state.users += 1
-        key = os.environ.get(API_KEY_ENV, "")
+        self.tenant = self.state.join_tenant()
+        key = os.environ.get(tenant_key_env(self.tenant or ""), "")
         self.headers = {"Accept": "text/event-stream", "Accept-Encoding": "identity"}
         if key:
             self.headers["Authorization"] = f"Bearer {key}"
@@ -154,7 +179,13 @@ class LLMUser(FastHttpUser):
 
     @task
     def chat(self) -> None:
-        prompt = self.state.next_prompt()
+        if self.tenant is not None:  # a bursty tenant's users wait out its quiet phases
+            pause = self.state.config.tenants[self.tenant].sends_at(
+                time.monotonic() - self.state.started
+            )
+            if pause:
+                gevent.sleep(pause)
+        prompt = self.state.next_prompt(self.tenant)
         if prompt is None:
             self.state.users -= 1
             if self.state.users == 0 and self.environment.runner is not None:

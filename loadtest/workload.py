@@ -6,6 +6,12 @@ to the profile's context (`"90%"` of max_model_len, output tokens subtracted); `
 for exact output lengths; and an optional shared prefix (`shared_prefix_tokens` taken from
 `prefixes` distinct texts) to exercise prefix caching. Generation is seeded (`seed`).
 
+Tenants. A scenario may name a `tenant` (its requests then carry that tenant's key, from
+LOADTEST_API_KEY_<TENANT>, e.g. LOADTEST_API_KEY_NOISY; no tenant: the run's own key), and a
+tenant's scenarios may send in `bursts: [on_s, off_s]` (its users send only during the first
+on_s seconds of every on_s + off_s). Users are split between tenants by the weight of their
+scenarios; `two-tenant` is a quiet tenant beside a bursty one, to try fair sharing with.
+
 Usage: `workload = load_workload("short-chat"); lo, hi = workload.scenarios[0].prompt_range(2048)`.
 """
 
@@ -17,6 +23,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from loadtest.config import Tenancy
 from loadtest.errors import LoadTestError
 
 WORKLOADS_DIR = Path(__file__).parent / "workloads"
@@ -62,6 +69,14 @@ class Scenario(BaseModel):
     shared_prefix_tokens: int = Field(default=0, ge=0)
     prefixes: int = Field(default=1, ge=1)
     temperature: float = Field(default=0.0, ge=0)
+    tenant: str = Field(default="", pattern=r"^([a-z0-9][a-z0-9-]*)?$")
+    bursts: tuple[float, float] | None = None
+
+    @model_validator(mode="after")
+    def _positive_bursts(self) -> Scenario:
+        if self.bursts is not None and (self.bursts[0] <= 0 or self.bursts[1] < 0):
+            raise ValueError(f"bursts {list(self.bursts)}: need on_s > 0 and off_s >= 0")
+        return self
 
     def output_range(self) -> tuple[int, int]:
         return length_range(
@@ -108,7 +123,25 @@ class Workload(BaseModel):
         names = [s.name for s in self.scenarios]
         if len(set(names)) != len(names):
             raise ValueError(f"scenario names must be unique, got {names}")
+        for tenant in {s.tenant for s in self.scenarios}:
+            bursts = {s.bursts for s in self.scenarios if s.tenant == tenant}
+            if len(bursts) > 1:
+                raise ValueError(f"tenant {tenant!r}: its scenarios must share one bursts")
         return self
+
+    def tenants(self) -> dict[str, Tenancy]:
+        """Per tenant ("" for the run's own key): its scenarios, its share of the users (the
+        weight of its scenarios) and its bursts."""
+        total = sum(s.weight for s in self.scenarios)
+        found: dict[str, Tenancy] = {}
+        for scenario in self.scenarios:
+            known = found.get(scenario.tenant)
+            found[scenario.tenant] = Tenancy(
+                scenarios=(*(known.scenarios if known else ()), scenario.name),
+                share=(known.share if known else 0.0) + scenario.weight / total,
+                bursts=scenario.bursts,
+            )
+        return found
 
 
 def builtin_workload_names() -> list[str]:

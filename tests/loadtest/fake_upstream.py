@@ -32,6 +32,8 @@ class FakeConfig:
     ttft_s: float = 0.01
     itl_s: float = 0.002
     api_key: str | None = None
+    # More keys it accepts (tenants' keys); requests are counted per key in FakeState.keys.
+    other_keys: tuple[str, ...] = ()
     # Without ignore_eos, stop after this many tokens (an "EOS"); None: always max_tokens.
     eos_after: int | None = None
     # A paged KV cache of `kv_blocks` blocks (one is vLLM's null block) where each request
@@ -48,6 +50,7 @@ class FakeState:
     requests: int = 0
     preemptions: int = 0
     waiting: int = 0
+    keys: dict[str, int] = field(default_factory=dict)  # requests per key presented
     succeeded: int = 0
     bodies: list[dict[str, Any]] = field(default_factory=list)
     running_served: list[int] = field(default_factory=list)
@@ -102,9 +105,12 @@ def build_app(config: FakeConfig, state: FakeState) -> web.Application:
             admitted.notify_all()
 
     async def chat(request: web.Request) -> web.StreamResponse:
-        if config.api_key and request.headers.get("Authorization") != f"Bearer {config.api_key}":
+        keys = (config.api_key, *config.other_keys) if config.api_key else ()
+        presented = request.headers.get("Authorization", "").removeprefix("Bearer ")
+        if keys and presented not in keys:
             return web.json_response({"error": {"message": "bad key"}}, status=401)
         body = await request.json()
+        state.keys[presented] = state.keys.get(presented, 0) + 1
         state.bodies.append(body)
         state.requests += 1
         prompt = " ".join(str(m.get("content", "")) for m in body.get("messages", []))

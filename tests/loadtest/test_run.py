@@ -5,13 +5,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from loadtest.analysis import analyze
 from loadtest.cli import main
 from loadtest.prompts import Prompt, write_prompts
 from loadtest.runner import LocustRun, run_locust
 from loadtest.targets import Targets
 from tests.loadtest.conftest import API_KEY
-from tests.loadtest.fake_upstream import RunningFake
+from tests.loadtest.fake_upstream import FakeConfig, RunningFake, serve_fake
 
 
 def cli(fake: RunningFake, tokenizer_dir: Path, out: Path, *extra: str) -> int:
@@ -131,3 +133,34 @@ def test_wrong_key_is_a_failed_run_with_exit_code_1(
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["summary"]["failed"] == 2
     assert next(iter(report["summary"]["errors"])).startswith("HTTP 401")
+
+
+def test_two_tenants_each_send_with_their_own_key(
+    tokenizer_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    quiet_key, noisy_key = "sk-quiet-tenant", "sk-noisy-tenant"
+    workload = tmp_path / "tenants.yaml"
+    workload.write_text(
+        "num_prompts: 40\nscenarios:\n"
+        "  - {name: quiet-chat, tenant: quiet, weight: 1, prompt_tokens: [16, 32],"
+        " output_tokens: 4}\n"
+        "  - {name: noisy-long, tenant: noisy, weight: 3, prompt_tokens: [16, 32],"
+        " output_tokens: 8, bursts: [0.5, 0.5]}\n"
+    )
+    config = FakeConfig(ttft_s=0.01, itl_s=0.002, api_key=quiet_key, other_keys=(noisy_key,))
+    with serve_fake(config) as fake:
+        argv = ["run", "--host", fake.url, "--tokenizer", str(tokenizer_dir),
+                "--workload", str(workload), "--users", "4", "--duration", "3s",
+                "--engine-metrics", f"{fake.url}/metrics",
+                "--out", str(tmp_path / "out")]  # fmt: skip
+        assert main(argv) == 2  # a tenant without its key: refused before Locust starts
+        monkeypatch.setenv("LOADTEST_API_KEY_QUIET", quiet_key)
+        monkeypatch.setenv("LOADTEST_API_KEY_NOISY", noisy_key)
+        assert main(argv) == 0
+        seen = dict(fake.state.keys)
+    assert set(seen) == {quiet_key, noisy_key}
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["summary"]["failed"] == 0
+    # 4 users by share 1:3: one quiet user, three noisy ones (sending half of the time)
+    bodies = {body["max_tokens"] for body in fake.state.bodies}
+    assert bodies == {4, 8}
