@@ -126,13 +126,18 @@ class Completions:
         # meanwhile; a request that never runs is withdrawn, nothing charged
         self._running.add(lease)
         turn: Turn | None = None
-        if self._queue is not None:
+        queue = self._queue
+        if queue is not None:
+            cost = parsed.prompt_estimate + decision.max_tokens * parsed.choices
+            seats, weight = parsed.choices, caller.weight
+            turn = queue.try_turn(caller.key_id, cost=cost, seats=seats, weight=weight)
+        if queue is not None and turn is None:
             try:
-                turn = await self._queue.turn(
+                turn = await queue.turn(
                     caller.key_id,
-                    cost=parsed.prompt_estimate + decision.max_tokens * parsed.choices,
-                    seats=parsed.choices,
-                    weight=caller.weight,
+                    cost=cost,
+                    seats=seats,
+                    weight=weight,
                     gone=lambda: _client_gone(receive),
                 )
             except BaseException as exc:
@@ -140,7 +145,7 @@ class Completions:
                 await self._engine.withdraw(lease)
                 if isinstance(exc, QueueTimeout):
                     raise EngineBusyError(
-                        f"No engine slot came free within {self._queue.timeout_s:g} s; "
+                        f"No engine slot came free within {queue.timeout_s:g} s; "
                         "retry later. Nothing was charged.",
                         retry_after_s=self._retry_after_s,
                     ) from None
@@ -176,8 +181,8 @@ class Completions:
             self._running.discard(lease)
             # settle
             await self._settle(lease, decision, parsed, meter, outcome)
-            if turn is not None and self._queue is not None:
-                self._queue.release(turn, served=lease.charged_tokens)
+            if turn is not None and queue is not None:
+                queue.release(turn, served=lease.charged_tokens)
             _record_outcome(record, lease, _cut_prompt(parsed, meter), meter, outcome)
         if outcome is not None and 200 <= (outcome.upstream_status or 0) < 300:
             self._catalog.learn(parsed.model)

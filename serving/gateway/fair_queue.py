@@ -117,6 +117,19 @@ class FairQueue:
         """The key's virtual counter: weighted tokens served (for tests and debugging)."""
         return self._virtual.get(key, 0.0)
 
+    def try_turn(self, key: str, *, cost: int, weight: float = 1.0, seats: int = 1) -> Turn | None:
+        """`turn`'s answer when it is at once (slots free, nobody waiting), else None: the
+        common case without a coroutine."""
+        seats = min(max(1, seats), self.per_key)
+        if (
+            self._waiting_total
+            or self.running + seats > self.slots
+            or self._running.get(key, 0) + seats > self.per_key
+        ):
+            return None
+        self._activate(key)
+        return self._start(key, weight, cost, seats, 0.0)
+
     async def turn(
         self,
         key: str,
@@ -130,14 +143,10 @@ class FairQueue:
         prompts: each takes one of vLLM's max_num_seqs) and will cost about `cost` tokens:
         at once when they are free and nobody waits, else when the fair order says so.
         `gone` returns when the client disconnects."""
+        free = self.try_turn(key, cost=cost, weight=weight, seats=seats)
+        if free is not None:
+            return free
         seats = min(max(1, seats), self.per_key)  # more could never run
-        if (
-            not self._waiting_total
-            and self.running + seats <= self.slots
-            and self._running.get(key, 0) + seats <= self.per_key
-        ):
-            self._activate(key)
-            return self._start(key, weight, cost, seats, 0.0)
         self._activate(key)
         self._stats(key)  # its waiting count shows from now on
         now = self._clock()
