@@ -121,13 +121,15 @@ class FairQueue:
         """`turn`'s answer when it is at once (slots free, nobody waiting), else None: the
         common case without a coroutine."""
         seats = min(max(1, seats), self.per_key)
+        running = self._running.get(key)
         if (
             self._waiting_total
             or self.running + seats > self.slots
-            or self._running.get(key, 0) + seats > self.per_key
+            or (running or 0) + seats > self.per_key
         ):
             return None
-        self._activate(key)
+        if running is None:  # nothing waits: the key was idle
+            self._activate(key)
         return self._start(key, weight, cost, seats, 0.0)
 
     async def turn(

@@ -31,7 +31,8 @@ HOP_BY_HOP: frozenset[bytes] = frozenset(
 
 REQUEST_ID = b"x-request-id"
 
-# Set again by the ASGI server (framing, date, server) or by the gateway (x-request-id).
+# Set again by the ASGI server (framing, date) or by the gateway (x-request-id); `server` is
+# not sent at all (server.build_server).
 _NOT_RETURNED: frozenset[bytes] = HOP_BY_HOP | {
     b"content-length",
     b"date",

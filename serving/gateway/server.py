@@ -63,6 +63,9 @@ def build_server(
         # The gateway never reads the client's address (keys identify callers), so uvicorn's
         # X-Forwarded-For rewriting would be a middleware hop per request for nothing.
         proxy_headers=False,
+        # No `server: uvicorn` on every answer: it tells clients nothing they need and
+        # attackers which server to look up.
+        server_header=False,
         timeout_graceful_shutdown=settings.graceful_shutdown_s,
     )
     return DrainingServer(config, app=app, drain_delay_s=settings.drain_delay_s)

@@ -144,6 +144,7 @@ def test_build_server_uses_uvloop_httptools_and_lifespan() -> None:
     assert (config.loop, config.lifespan) == ("uvloop", "on")
     assert isinstance(config.http, type) and issubclass(config.http, HttpToolsProtocol)
     assert (config.port, config.access_log, config.proxy_headers) == (9001, False, False)
+    assert config.server_header is False
     assert config.timeout_graceful_shutdown == settings.graceful_shutdown_s
 
 
