@@ -51,8 +51,6 @@ LABELS = {
 }
 ALL_PATHS = tuple(LABELS)
 # Far above what the benchmark sends, so the quota engine runs but never refuses.
-# Engine slots for the gateway's fair queue: more than the load ever has in flight.
-FAIR_SLOTS = 4096
 BENCH_KEY_LIMITS = (
     # every limit kind, so admission, settling and the budget journal all run per request
     *("--rpm", "100000000", "--tpm", "100000000000", "--max-concurrency", "100000"),
@@ -143,13 +141,9 @@ def _start_gateway(
     home.mkdir(exist_ok=True)
     env = {"SERVING_HOME": str(home)}
     argv = _serving("gateway", "--upstream", upstream, "--port", str(port))
-    help_text = _run(_serving("gateway", "--help"), env)
-    if "--engine-slots" in help_text:
-        # Fair sharing on, with slots far above the load: every request takes its slot
-        # through the queue's fast path and nothing ever waits (docs/fair-sharing.md).
-        argv += ["--engine-slots", str(FAIR_SLOTS)]
     if redis_url is not None:
         argv += ["--redis-url", redis_url]
+    help_text = _run(_serving("gateway", "--help"), env)
     if "--keys-db" in help_text:
         store = home / "bench-keys.db"
         created = _run(
@@ -170,8 +164,6 @@ def _start_gateway(
         notes = (
             "key from `serving keys create` (--keys-db), every limit kind set, far above the load"
         )
-        if "--engine-slots" in argv:
-            notes += f"; fair sharing on (--engine-slots {FAIR_SLOTS}: nothing ever waits)"
     else:
         key = "sk-bench-" + secrets.token_hex(16)
         env[API_KEY_ENV] = key
