@@ -116,9 +116,10 @@ def test_a_flood_of_one_key_leaves_another_key_a_slot(stack: Stack) -> None:
             waits.append(time_to_first_token(stack.gateway_url, quiet))
             engine = scrape(stack.engine_url)
             gateway = scrape(stack.gateway_url)
-            # the excess waits in the gateway, none in vLLM's queue
+            # the excess waits in the gateway (seen above), none in vLLM's queue; not
+            # sampled again here: on a stalled machine the flood's streams may be between
+            # two requests, or past their queue deadline, at the moment of a scrape
             assert total(engine, "vllm:num_requests_waiting") == 0
-            assert total(gateway, "gateway_queue_waiting", key=noisy_id) > 0
             assert total(gateway, "gateway_queue_running") <= slots
         gateway = scrape(stack.gateway_url)
     # every quiet request found one of the reserved slots free: no wait in the gateway
