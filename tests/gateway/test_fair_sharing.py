@@ -9,7 +9,7 @@ import threading
 
 import httpx
 
-from serving.gateway.keys import SqliteKeyStore
+from serving.gateway.keys import KeyRecord, SqliteKeyStore
 from serving.gateway.quota import Limits
 from tests.gateway.conftest import GatewayFactory, eventually
 from tests.gateway.fake_upstream import FakeUpstream
@@ -41,16 +41,36 @@ def waiting(gateway: GatewayServer, key_id: str) -> float:
     return value(scrape(gateway), "gateway_queue_waiting", key=key_id)
 
 
+def one_slot_taken(
+    make_gateway: GatewayFactory,
+    keys: SqliteKeyStore,
+    upstream: FakeUpstream,
+    token: str,
+    **options: object,
+) -> tuple[
+    GatewayServer,
+    tuple[KeyRecord, str],
+    tuple[KeyRecord, str],
+    threading.Thread,
+    list[httpx.Response],
+]:
+    """A gateway with one slot, taken by the `noisy` key's gated request (running in a
+    thread, its response appended to the list once the test releases the gate), and a
+    `quiet` key to send the request that has to wait."""
+    gateway = make_gateway(keys_db=str(keys.path), engine_slots=1, reserved_slots=0, **options)
+    noisy, quiet = (keys.create(name, limits=LIMITS) for name in ("noisy", "quiet"))
+    results: list[httpx.Response] = []
+    holder = in_background(gateway, noisy[1], token, results)
+    assert eventually(lambda: len(upstream.received(token)) == 1, timeout=30)
+    return gateway, noisy, quiet, holder, results
+
+
 def test_past_the_slots_a_request_waits_and_runs_when_one_frees(
     make_gateway: GatewayFactory, keys: SqliteKeyStore, upstream: FakeUpstream, token: str
 ) -> None:
-    gateway = make_gateway(keys_db=str(keys.path), engine_slots=1, reserved_slots=0)
-    (noisy, noisy_secret), (quiet, quiet_secret) = (
-        keys.create(name, limits=LIMITS) for name in ("noisy", "quiet")
+    gateway, (noisy, _), (quiet, quiet_secret), first, results = one_slot_taken(
+        make_gateway, keys, upstream, token
     )
-    results: list[httpx.Response] = []
-    first = in_background(gateway, noisy_secret, token, results)
-    assert eventually(lambda: len(upstream.received(token)) == 1, timeout=30)
     second = in_background(gateway, quiet_secret, token, results)
     assert eventually(lambda: waiting(gateway, quiet.key_id) == 1, timeout=30)
     assert len(upstream.received(token)) == 1  # it waits in the gateway, not in the engine
@@ -70,15 +90,9 @@ def test_past_the_slots_a_request_waits_and_runs_when_one_frees(
 def test_a_request_that_waits_past_its_deadline_gets_503_and_is_charged_nothing(
     make_gateway: GatewayFactory, keys: SqliteKeyStore, upstream: FakeUpstream, token: str
 ) -> None:
-    gateway = make_gateway(
-        keys_db=str(keys.path), engine_slots=1, reserved_slots=0, queue_timeout_s=0.3
+    gateway, _, (quiet, quiet_secret), first, results = one_slot_taken(
+        make_gateway, keys, upstream, token, queue_timeout_s=0.3
     )
-    (_, noisy_secret), (quiet, quiet_secret) = (
-        keys.create(name, limits=LIMITS) for name in ("noisy", "quiet")
-    )
-    results: list[httpx.Response] = []
-    first = in_background(gateway, noisy_secret, token, results)
-    assert eventually(lambda: len(upstream.received(token)) == 1, timeout=30)
     refusals: list[httpx.Response] = []
     post(gateway, quiet_secret, token, refusals)
     refused = refusals[0]
@@ -96,13 +110,9 @@ def test_a_request_that_waits_past_its_deadline_gets_503_and_is_charged_nothing(
 def test_a_client_that_leaves_while_waiting_is_charged_nothing(
     make_gateway: GatewayFactory, keys: SqliteKeyStore, upstream: FakeUpstream, token: str
 ) -> None:
-    gateway = make_gateway(keys_db=str(keys.path), engine_slots=1, reserved_slots=0)
-    (_, noisy_secret), (quiet, quiet_secret) = (
-        keys.create(name, limits=LIMITS) for name in ("noisy", "quiet")
+    gateway, _, (quiet, quiet_secret), first, _ = one_slot_taken(
+        make_gateway, keys, upstream, token
     )
-    results: list[httpx.Response] = []
-    first = in_background(gateway, noisy_secret, token, results)
-    assert eventually(lambda: len(upstream.received(token)) == 1, timeout=30)
     body = httpx.Request(
         "POST",
         f"{gateway.url}/v1/chat/completions?t={token}",
