@@ -46,8 +46,9 @@ def sample_names(exposition: str) -> set[str]:
 class _Engine:
     """An engine as the gateway's metrics read it (`serving.gateway.routing.Engine`)."""
 
-    label: str = "0"
+    label: str = "10.0.0.1:8000"
     in_rotation: bool = True
+    draining: bool = False
     in_flight: int = 0
     requests: int = 1
     failovers: int = 0
@@ -56,7 +57,7 @@ class _Engine:
 def gateway_names() -> set[str]:
     queue = FairQueue(16, reserved=2, timeout_s=30.0)
     queue.release(asyncio.run(queue.turn("key_a", cost=16)))  # a key with queue series
-    metrics = GatewayMetrics(engines=[_Engine()], queue=queue)
+    metrics = GatewayMetrics(engines=lambda: [_Engine()], discovery_errors=lambda: 0, queue=queue)
     served = RequestRecord(
         started=1.0, key="key_a", model="qwen3-tiny", status=200, prompt_tokens=12,
         completion_tokens=4, upstream_error="in_band", forwarded_at=1.001, first_byte_at=1.2,

@@ -4,6 +4,7 @@
     redis       a real redis-server
     prometheus  Debian's Prometheus or its promtool
     browser     headless Chromium
+    dns         Debian's dnsmasq, answering names the test sets (engine discovery)
 
 `make check` runs every test marked with none of them (`pytest --check-tier`, defined in
 tests/conftest.py); `make test` runs all. A helper that starts a service calls
@@ -21,8 +22,8 @@ from typing import Final, Literal
 
 import pytest
 
-Service = Literal["engine", "redis", "prometheus", "browser"]
-SERVICES: Final[tuple[Service, ...]] = ("engine", "redis", "prometheus", "browser")
+Service = Literal["engine", "redis", "prometheus", "browser", "dns"]
+SERVICES: Final[tuple[Service, ...]] = ("engine", "redis", "prometheus", "browser", "dns")
 
 # Fixtures that start a service: a test using one (directly or through another fixture) is
 # marked for it at collection (tests/conftest.py), so the markers follow the fixtures.
@@ -34,6 +35,7 @@ FIXTURES: Final[dict[str, Service]] = {
     "topology": "redis",  # tests/integration/replicas: three gateways on one Redis
     "promtool": "prometheus",
     "stack": "engine",
+    "dns_server": "dns",
 }
 
 

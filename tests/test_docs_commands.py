@@ -182,6 +182,9 @@ COMMANDS: dict[str, dict[str, Verdict]] = {
         ),
     },
     "docs/scale-out.md": {
+        ".venv/bin/serving gateway --upstream dns+http://engine-headless:8000": CLUSTER,
+        ".venv/bin/serving gateway --upstream dns+http://engines.example:8000 --dns-nameserver "
+        "10.96.0.10:53": Runs("tests/integration/test_engine_discovery.py", '"--dns-nameserver"'),
         "export REDIS_URL=redis://:PASSWORD@redis:6379/0": Parsed(
             "tests/gateway/keys/test_keys_command_redis.py"
         ),

@@ -295,17 +295,22 @@ def build() -> dict[str, Any]:
     )
     board.add(
         timeseries_panel(
-            "Engines in rotation per gateway",
+            "Engines known and in rotation per gateway",
             "short",
             [
                 Query(
-                    f"sum by (instance) (gateway_engine_in_rotation{{{GATEWAYS}}})",
-                    "{{instance}}",
-                )
+                    f"max by (instance) (gateway_engines_known{{{GATEWAYS}}})",
+                    "{{instance}} known",
+                ),
+                Query(
+                    f"max by (instance) (gateway_engines_healthy{{{GATEWAYS}}})",
+                    "{{instance}} in rotation",
+                ),
             ],
             description=(
-                "Engines (--upstream) getting requests: /health passed and no connect failed "
-                "since. Fewer than configured: an engine is down or restarting."
+                "Engines each gateway routes to (listed in --upstream or discovered from a "
+                "dns+ upstream) and those getting requests: /health passed and no connect "
+                "failed since. Fewer in rotation than known: an engine is down or restarting."
             ),
             width=8,
         )
@@ -325,8 +330,8 @@ def build() -> dict[str, Any]:
                 ),
             ],
             description=(
-                "How the gateways spread requests over the engines (label: position in "
-                "--upstream), and requests that failed on an engine before a response and were "
+                "How the gateways spread requests over the engines (label: the engine's "
+                "host:port), and requests that failed on an engine before a response and were "
                 "sent to another."
             ),
             width=8,
@@ -336,10 +341,17 @@ def build() -> dict[str, Any]:
         timeseries_panel(
             "Upstream errors per second by kind",
             EVENTS_PER_S,
-            [Query(_sum_rate("gateway_upstream_errors_total", GATEWAYS, "kind"), "{{kind}}")],
+            [
+                Query(_sum_rate("gateway_upstream_errors_total", GATEWAYS, "kind"), "{{kind}}"),
+                Query(
+                    _sum_rate("gateway_engine_discovery_errors_total", GATEWAYS, "instance"),
+                    "engine discovery at {{instance}} (DNS unanswered)",
+                ),
+            ],
             description=(
                 "connect, timeout, reset, status_5xx, in_band (an SSE error after the 200), "
-                "bad_json, bad_sse, missing_usage."
+                "bad_json, bad_sse, missing_usage; and engine lookups the DNS server left "
+                "unanswered (a dns+ upstream keeps its last answer meanwhile)."
             ),
             width=8,
         )

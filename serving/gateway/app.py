@@ -89,10 +89,9 @@ from serving.gateway.route_table import (
     Route,
     RouteTable,
 )
-from serving.gateway.routing import Engine, Router
+from serving.gateway.routing.fleet import Fleet
 from serving.gateway.settings import GatewaySettings
 from serving.gateway.types import RawHeaders, Receive, Scope, Send
-from serving.gateway.upstream import UpstreamClient
 
 logger = logging.getLogger(__name__)
 
@@ -134,14 +133,8 @@ class GatewayApp:
         self._opt_in = frozenset(settings.serve_routes)
         self._closers: list[Callable[[], None]] = []
         self._async_closers: list[Callable[[], Awaitable[None]]] = []
-        self.router = Router(
-            [
-                Engine(index, UpstreamClient(settings, url))
-                for index, url in enumerate(settings.upstream_urls)
-            ],
-            policy=settings.routing,
-            overload=settings.routing_overload,
-        )
+        self.fleet = Fleet(settings, changed=self._engines_changed)
+        self.router = self.fleet.router
         self.keys_file: FileKeyStore | None = None
         self.authenticator = authenticator or self._build_authenticator()
         journal = None
@@ -167,7 +160,7 @@ class GatewayApp:
         self.quota = QuotaEngine(
             store, default_max_tokens=settings.default_max_tokens, lease_ttl=settings.lease_ttl_s
         )
-        shared_quota = self.shared_quota
+        shared_quota, discovery = self.shared_quota, self.fleet.discovery
         slots = settings.queue_slots
         self.queue = (
             FairQueue(slots, reserved=settings.reserved_slots, timeout_s=settings.queue_timeout_s)
@@ -180,7 +173,8 @@ class GatewayApp:
             quota_store_up=(lambda: shared_quota.up) if shared_quota else lambda: True,
             quota_store_errors=(lambda: shared_quota.errors) if shared_quota else lambda: 0,
             keys_file_up=self._refresh_keys_file,
-            engines=self.router.engines,
+            engines=self.fleet.everything,
+            discovery_errors=(lambda: discovery.errors) if discovery else lambda: 0,
             queue=self.queue,
         )
         self.catalog = ModelCatalog()
@@ -234,6 +228,13 @@ class GatewayApp:
         await self.completions.renew_running()
         await self.quota.reclaim_expired()
 
+    async def _engines_changed(self) -> None:
+        """Discovery added or drained engines: the queue's slots follow them, and the new
+        ones are probed now rather than at the next health check."""
+        if self.queue is not None and self.settings.engine_slots is not None:
+            self.queue.resize(self.settings.engine_slots * len(self.router.engines))
+        await self.health.check()
+
     def begin_drain(self) -> None:
         """Fail readiness from now on (SIGTERM); requests are still served."""
         if not self.draining:
@@ -256,8 +257,7 @@ class GatewayApp:
                 try:
                     if self.key_refresh is not None:
                         await self._load_keys()  # the keys before traffic
-                    for engine in self.router.engines:
-                        await engine.client.start()
+                    await self.fleet.open()
                     await self.health.check()  # model list and health before traffic
                     if self.shared_quota is not None:
                         await self.shared_quota.check()  # down is not fatal: the policy holds
@@ -265,6 +265,7 @@ class GatewayApp:
                     await send({"type": "lifespan.startup.failed", "message": str(exc)})
                     return
                 self.health.start()
+                self.fleet.start()
                 self.lease_upkeep.start()
                 if self.key_refresh is not None:
                     self.key_refresh.start()
@@ -274,8 +275,7 @@ class GatewayApp:
                 await self.lease_upkeep.stop()
                 if self.key_refresh is not None:
                     await self.key_refresh.stop()
-                for engine in self.router.engines:
-                    await engine.client.close()
+                await self.fleet.close()
                 if self.shared_quota is not None:
                     await self.shared_quota.check()  # last chance for endings that waited
                 for close_async in self._async_closers:

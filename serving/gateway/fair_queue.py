@@ -93,6 +93,7 @@ class FairQueue:
         if not 0 <= reserved < slots:
             raise ValueError(f"reserved must be between 0 and slots - 1, got {reserved}")
         self.slots = slots
+        self.reserved = reserved
         self.per_key = slots - reserved
         self.timeout_s = timeout_s
         self.running = 0
@@ -102,6 +103,16 @@ class FairQueue:
         self._waiting_total = 0
         self._virtual: dict[str, float] = {}
         self.stats: dict[str, KeyQueueStats] = {}
+
+    def resize(self, slots: int) -> None:
+        """The engines' slots changed (discovery added or drained one): at least
+        reserved + 1. Running requests keep theirs; a smaller size only holds new ones back."""
+        self.slots = max(slots, self.reserved + 1)
+        self.per_key = self.slots - self.reserved
+        for queue in self._waiting.values():
+            for waiter in queue:
+                waiter.seats = min(waiter.seats, self.per_key)
+        self._dispatch()
 
     def waiting(self, key: str | None = None) -> int:
         """Requests waiting now (of `key`, or in all)."""

@@ -6,8 +6,9 @@ per app.
     metrics.observe(record, ended=time.perf_counter())    # once, when the request is done
     body = metrics.render()                               # GET /metrics
 
-Series (labels use the key's public id, the model and the engine's position in --upstream,
-never a secret or an address):
+Series (labels use the key's public id, the model and the engine's host:port, never a
+secret; an engine's address is its one name that stays put while discovery adds and drains
+engines):
     gateway_requests_total{key,model,status}       status: the HTTP status sent; 499 when the
                                                    client left before a response was sent
     gateway_request_duration_seconds{model}        gateway entry to last byte
@@ -24,6 +25,11 @@ never a secret or an address):
     gateway_engine_requests_total{engine}          requests sent to it (failover attempts too)
     gateway_engine_failovers_total{engine}         requests that failed on it before a response
                                                    and were sent to another engine
+    gateway_engines_known                          engines routed to (listed or discovered;
+                                                   draining ones left out)
+    gateway_engines_healthy                        engines in the rotation
+    gateway_engine_discovery_errors_total          with a dns+ upstream: lookups not answered
+                                                   (the last answer was kept); 0 without
     gateway_added_latency_seconds                  the gateway's own time: before forwarding
                                                    plus after the upstream was done
     gateway_quota_leases                           quota leases held (0 when idle)
@@ -139,7 +145,8 @@ class GatewayMetrics:
         quota_store_up: Callable[[], bool] = lambda: True,
         quota_store_errors: Callable[[], int] = lambda: 0,
         keys_file_up: Callable[[], bool] = lambda: True,
-        engines: Sequence[EngineState] = (),
+        engines: Callable[[], Sequence[EngineState]] = tuple,
+        discovery_errors: Callable[[], int] = lambda: 0,
         queue: QueueState | None = None,
     ) -> None:
         self.requests: dict[tuple[str, str, str], int] = {}
@@ -157,6 +164,7 @@ class GatewayMetrics:
         self._quota_store_errors = quota_store_errors
         self._keys_file_up = keys_file_up
         self._engines = engines
+        self._discovery_errors = discovery_errors
         self._queue = queue
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
@@ -281,13 +289,29 @@ class GatewayMetrics:
             "Requests that failed on the engine before a response and went to another one.",
             labels=("engine",),
         )
-        for engine in self._engines:
+        engines = self._engines()
+        for engine in engines:
             label = (engine.label,)
             rotation.add_metric(label, 1.0 if engine.in_rotation else 0.0)
             in_flight.add_metric(label, engine.in_flight)
             requests.add_metric(label, engine.requests)
             failovers.add_metric(label, engine.failovers)
         yield from (rotation, in_flight, requests, failovers)
+        yield GaugeMetricFamily(
+            "gateway_engines_known",
+            "Engines this gateway routes to (listed or discovered; draining ones left out).",
+            value=sum(1 for engine in engines if not engine.draining),
+        )
+        yield GaugeMetricFamily(
+            "gateway_engines_healthy",
+            "Engines in the rotation: their last health probe passed.",
+            value=sum(1 for engine in engines if engine.in_rotation),
+        )
+        yield CounterMetricFamily(
+            "gateway_engine_discovery_errors",
+            "Engine lookups the DNS server did not answer (the last answer was kept).",
+            value=self._discovery_errors(),
+        )
 
 
 class EngineState(Protocol):
@@ -297,6 +321,8 @@ class EngineState(Protocol):
     def label(self) -> str: ...
     @property
     def in_rotation(self) -> bool: ...
+    @property
+    def draining(self) -> bool: ...
     @property
     def in_flight(self) -> int: ...
     @property

@@ -25,6 +25,7 @@ variable.
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -59,6 +60,9 @@ from serving.ports import GATEWAY_PORT
 ENV_PREFIX = "SERVING_GATEWAY_"
 API_KEY_ENV = "SERVING_API_KEY"
 REDIS_SCHEMES = ("redis", "rediss", "unix")
+# An upstream whose host is a DNS name listing the engines (discovery), not one engine.
+DNS_PREFIX = "dns+"
+DNS_PORT = 53
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +93,14 @@ class GatewaySettings(BaseSettings):
 
     upstream: str
     """Base URL of the vLLM OpenAI server, e.g. http://127.0.0.1:8001; several engines
-    serving the same model: their URLs comma-separated (see --routing)."""
+    serving the same model: their URLs comma-separated (see --routing); engines that come and
+    go: dns+http://NAME:PORT, a name (a Kubernetes headless Service) resolved every few
+    seconds to the engines' addresses (docs/scale-out.md, "Engine discovery")."""
+    dns_nameserver: NonEmpty | None = None
+    """With a dns+ upstream: the DNS server asked, IP[:PORT]; unset, /etc/resolv.conf's."""
+    discovery_interval_s: Seconds = 5.0
+    """With a dns+ upstream: the longest time between two lookups of the name (sooner when
+    its answer's TTL runs out first; at least one second)."""
     api_key_digests: CliSuppress[tuple[Sha256Hex, ...]] = Field(default=(), repr=False)
     """`hash_secret` digests of the development keys (no limits, public id `dev`); set them
     with --api-key or SERVING_API_KEY, never as digests."""
@@ -214,10 +225,19 @@ class GatewaySettings(BaseSettings):
     @field_validator("upstream")
     @classmethod
     def _check_upstream(cls, value: str) -> str:
+        if value.strip().startswith(DNS_PREFIX):
+            return DNS_PREFIX + _check_upstream_url(value.strip()[len(DNS_PREFIX) :])
         urls = [_check_upstream_url(url.strip()) for url in value.split(",")]
         if len(set(urls)) != len(urls):
             raise ValueError("lists an engine twice")
         return ",".join(urls)
+
+    @field_validator("dns_nameserver")
+    @classmethod
+    def _check_nameserver(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_nameserver(value)
+        return value
 
     @model_validator(mode="after")
     def _check_reserved_slots(self) -> GatewaySettings:
@@ -238,8 +258,13 @@ class GatewaySettings(BaseSettings):
 
     @property
     def upstream_urls(self) -> tuple[str, ...]:
-        """The engines' base URLs, in the order given."""
-        return tuple(self.upstream.split(","))
+        """The engines' base URLs, in the order given (with discovery: the one template)."""
+        return tuple(self.upstream.removeprefix(DNS_PREFIX).split(","))
+
+    @property
+    def discovered(self) -> bool:
+        """Whether the engines come from DNS (a dns+ upstream) rather than a fixed list."""
+        return self.upstream.startswith(DNS_PREFIX)
 
     @field_validator("redis_url")
     @classmethod
@@ -397,6 +422,24 @@ def hash_keys(keys: Iterable[str]) -> tuple[str, ...]:
     from serving.gateway.keys.credentials import hash_secret
 
     return tuple(hash_secret(check_key(key)) for key in keys)
+
+
+def parse_nameserver(value: str) -> tuple[str, int]:
+    """`IP`, `IP:PORT` or `[IPv6]:PORT` to (ip, port); ValueError says what is wrong."""
+    host, port = value, DNS_PORT
+    try:
+        if value.startswith("["):
+            host, _, rest = value[1:].partition("]")
+            port = int(rest.removeprefix(":")) if rest else DNS_PORT
+        elif value.count(":") == 1:
+            host, _, text = value.partition(":")
+            port = int(text)
+        ipaddress.ip_address(host)
+    except ValueError:
+        raise ValueError("must be an IP address, optionally with :PORT") from None
+    if not 0 < port < 65536:
+        raise ValueError(f"port {port} is out of range")
+    return host, port
 
 
 def _check_upstream_url(url: str) -> str:

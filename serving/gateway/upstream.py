@@ -77,6 +77,13 @@ class UpstreamClient:
             await session.close()
 
     @property
+    def address(self) -> str:
+        """host:port of the engine (the metric label, the name in logs)."""
+        url = URL(self._base)
+        host = f"[{url.host}]" if url.host and ":" in url.host else url.host
+        return f"{host}:{url.port}"
+
+    @property
     def pool(self) -> HopPool:
         if self._pool is None:
             raise RuntimeError("UpstreamClient used before start() (is ASGI lifespan on?)")

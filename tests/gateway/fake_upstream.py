@@ -1,7 +1,8 @@
 """A fault-injecting fake vLLM OpenAI server (aiohttp.web) for gateway tests.
 
-It listens on 127.0.0.1 on a random port in its own thread and event loop, so tests talk
-to it, through the gateway, over real sockets (streaming timing and disconnects are real).
+It listens on loopback (127.0.0.1 and a random port unless told) in its own thread and event
+loop, so tests talk to it, through the gateway, over real sockets (streaming timing and
+disconnects are real).
 
 Fake upstream routes (all under /v1/ so the gateway forwards them); `?t=TOKEN` keys the
 gates and the events a test waits for, so tests do not see each other's traffic:
@@ -174,14 +175,18 @@ def usage_chunk(chat: bool, *, completion_tokens: int) -> dict[str, Any]:
 class FakeUpstream:
     """A fake vLLM OpenAI server with fault routes (see the module docstring)."""
 
-    def __init__(self, *, chunk_delay_s: float = 0.02) -> None:
+    def __init__(
+        self, *, chunk_delay_s: float = 0.02, host: str = "127.0.0.1", port: int = 0
+    ) -> None:
         self.chunk_delay_s = chunk_delay_s
+        self.host = host
+        """Where it listens: any loopback address (engine discovery gives engines their own)."""
         self.healthy = True
         self.health_checks = 0
         """Requests to `/health` so far."""
         self.other_requests = 0
         """Requests to any other path so far."""
-        self.port = 0
+        self.port = port
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
@@ -193,7 +198,12 @@ class FakeUpstream:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.address}"
+
+    @property
+    def address(self) -> str:
+        """host:port: the gateway's metric label for this engine."""
+        return f"{self.host}:{self.port}"
 
     # -- control from the test thread -------------------------------------------------
 
@@ -287,7 +297,7 @@ class FakeUpstream:
             app.router.add_route(method, path, self._tracked(handler))
         runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
         await runner.setup()
-        sock = listening_socket()
+        sock = listening_socket(self.host, self.port)
         site = web.SockSite(runner, sock)
         await site.start()
         self.port = sock.getsockname()[1]

@@ -42,11 +42,11 @@ def closed_port() -> int:
     return port
 
 
-def listening_socket() -> socket.socket:
-    """A socket listening on 127.0.0.1 on a random free port."""
+def listening_socket(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
+    """A socket listening on `host` (loopback) on `port` (0: a random free one)."""
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
+    sock.bind((host, port))
     sock.listen(128)
     return sock
 

@@ -17,7 +17,7 @@ from tests.gateway.servers import TEST_KEY, closed_port
 async def checked(url: str, *, rounds: int = 1) -> tuple[HealthMonitor, ModelCatalog, float]:
     settings = GatewaySettings.create(upstream=url, api_keys=[TEST_KEY])
     client = UpstreamClient(settings, url)
-    router = Router([Engine(0, client)], policy="affinity", overload=8)
+    router = Router([Engine(client)], policy="affinity", overload=8)
     catalog, metrics = ModelCatalog(), GatewayMetrics()
     monitor = HealthMonitor(router, catalog, metrics, interval_s=3600)
     await client.start()

@@ -27,6 +27,8 @@ URL = "http://127.0.0.1:8001"
 # field -> (a valid value that is not the default, as typed, and what it parses to)
 GOOD: dict[str, tuple[str, object]] = {
     "upstream": ("http://10.0.0.1:9000/", "http://10.0.0.1:9000"),
+    "dns_nameserver": ("10.96.0.10:5353", "10.96.0.10:5353"),
+    "discovery_interval_s": ("2.5", 2.5),
     "keys_db": ("/srv/serving/k.db", "/srv/serving/k.db"),
     "keys_file": ("/etc/serving/keys.yaml", "/etc/serving/keys.yaml"),
     "host": ("0.0.0.0", "0.0.0.0"),
@@ -70,6 +72,8 @@ SECRET_FIELDS = {"redis_url"}
 # field -> a value it refuses
 BAD: dict[str, str] = {
     "upstream": "localhost:8001",
+    "dns_nameserver": "kube-dns",
+    "discovery_interval_s": "0",
     "keys_db": "",
     "keys_file": "",
     "host": "",

@@ -2,7 +2,7 @@
 tests do to them and read off them.
 
     with scale_out_topology(directory) as topology:     # serving up x2 engines, Redis, r0-r2
-        topology.r0.value("gateway_engine_in_rotation", engine="0")   # one /metrics sample
+        topology.r0.in_rotation(0)                       # from one /metrics sample
         quota_usage(topology.redis.url, key_id)          # what Redis holds for a key
         with EngineControl(topology.up.engine_ports) as engines:
             engines.freeze(0) ... engines.kill(1)        # SIGSTOP / SIGKILL a vLLM server
@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 import httpx
 import openai
@@ -126,6 +127,11 @@ class Gateway:
     url: str
     process: subprocess.Popen[Any]
     log: Path
+    engine_urls: list[str]
+    """--upstream's engines, in order: engine i's metric label is its host:port."""
+
+    def engine(self, index: int) -> str:
+        return urlsplit(self.engine_urls[index]).netloc
 
     def metrics(self) -> Samples:
         return scrape(self.url)
@@ -150,14 +156,17 @@ class Gateway:
         )
 
     def in_rotation(self, engine: int) -> bool:
-        return self.value("gateway_engine_in_rotation", engine=str(engine)) == 1
+        return self.value("gateway_engine_in_rotation", engine=self.engine(engine)) == 1
 
     def engine_gauges(self) -> list[float]:
         """Requests this gateway has on engine 0 and on engine 1."""
         samples = self.metrics()
         return [
-            samples.get(("gateway_engine_in_flight_requests", frozenset({("engine", e)})), 0.0)
-            for e in "01"
+            samples.get(
+                ("gateway_engine_in_flight_requests", frozenset({("engine", self.engine(e))})),
+                0.0,
+            )
+            for e in (0, 1)
         ]
 
     def idle(self) -> bool:
@@ -209,7 +218,7 @@ def start_gateway(name: str, engines: list[str], directory: Path, *flags: str) -
         process = subprocess.Popen(
             argv, env=serving_env(), cwd=REPO, stdout=sink, stderr=subprocess.STDOUT
         )
-    return Gateway(name, f"http://127.0.0.1:{port}", process, log)
+    return Gateway(name, f"http://127.0.0.1:{port}", process, log, engines)
 
 
 def wait_up(gateway: Gateway, timeout: float = GATEWAY_START_S) -> None:

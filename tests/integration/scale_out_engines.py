@@ -69,7 +69,9 @@ class ServingUp:
         from tests.integration.scale_out import Gateway
 
         stack = self.stack
-        return Gateway("serving-up", stack.gateway_url, stack.process, stack.output)
+        return Gateway(
+            "serving-up", stack.gateway_url, stack.process, stack.output, self.engine_urls
+        )
 
 
 def start_serving_up(directory: Path, keys_db: Path, *, replicas: int, routing: str) -> ServingUp:

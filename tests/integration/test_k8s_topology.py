@@ -157,9 +157,12 @@ def test_the_gateway_pod_as_rendered_serves_with_its_secret_and_drains(
 ) -> None:
     container = demo.container("Deployment", "gateway", "gateway")
     env = gateway_env(demo)
-    # The engine Service's DNS name and port, resolved to the shared engine on loopback.
-    upstream = urlsplit(env["SERVING_GATEWAY_UPSTREAM"])
-    assert upstream.hostname == "engine" and upstream.port == service_port(demo, "engine")
+    # The headless engine Service's name and port (discovery), here the shared engine on
+    # loopback (tests/integration/test_engine_discovery.py runs discovery with a DNS server).
+    assert env["SERVING_GATEWAY_UPSTREAM"].startswith("dns+")
+    upstream = urlsplit(env["SERVING_GATEWAY_UPSTREAM"].removeprefix("dns+"))
+    assert upstream.hostname == "engine-headless"
+    assert upstream.port == service_port(demo, "engine-headless")
     env["SERVING_GATEWAY_UPSTREAM"] = stack.engine_url
     # The Redis Service, resolved to a redis-server of the test's own (`redis_service`).
     env["SERVING_GATEWAY_REDIS_URL"] = redis_service
@@ -221,7 +224,7 @@ def test_the_gateway_pod_as_rendered_serves_with_its_secret_and_drains(
             process.wait()
 
 
-ENDPOINT_DELAY = "time.sleep(5)"
+ENDPOINT_DELAY = "time.sleep(15)"
 
 
 def prestop_command(rendered: Rendered, metrics_url: str) -> list[str]:
@@ -232,7 +235,7 @@ def prestop_command(rendered: Rendered, metrics_url: str) -> list[str]:
     assert script.count("http://127.0.0.1:8000/metrics") == 1, script
     assert int(container["ports"][0]["containerPort"]) == 8000
     script = script.replace("http://127.0.0.1:8000/metrics", metrics_url)
-    # The hook first gives the endpoint removal 5 s to spread; no endpoints here, so it polls
+    # The hook first gives the endpoint removal 15 s to spread; no endpoints here, so it polls
     # at once and the test's stream (seconds long) spans several of its polls.
     assert script.count(ENDPOINT_DELAY) == 1, script
     return [sys.executable, *command[1:-1], script.replace(ENDPOINT_DELAY, "time.sleep(0)")]

@@ -7,11 +7,13 @@ queue, and grace periods long enough for the drains they cover.
 
 from __future__ import annotations
 
+import copy
 import os
 import re
 import tomllib
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 import yaml
@@ -71,6 +73,8 @@ GATEWAY_PEER = {"podSelector": {"matchLabels": {NAME: GATEWAY}}}
 RAY_GROUP_PEER = {"podSelector": {"matchLabels": {LWS_NAME_LABEL: "engine"}}}
 ENGINE_QUEUE_METRICS = {"vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"}
 DRAIN_METRICS = ("vllm:num_requests_running", "vllm:num_requests_waiting")
+# CoreDNS's TTL for Service records (its kubernetes plugin's default `ttl 5`).
+CLUSTER_DNS_TTL_S = 5.0
 OVERLAY_NAMES = overlay_names()
 
 
@@ -190,12 +194,13 @@ def test_the_engine_service_is_cluster_internal(renders: Renders, overlay: str) 
         if service["spec"].get("selector")
         and labels_match(service["spec"]["selector"], engine_labels)
     ]
-    assert [s["metadata"]["name"] for s in exposing] == ["engine"], overlay
-    spec = exposing[0]["spec"]
-    assert spec.get("type", "ClusterIP") == "ClusterIP", overlay
-    assert not spec.get("externalIPs") and not spec.get("loadBalancerIP"), overlay
-    assert all("nodePort" not in port for port in spec["ports"]), overlay
-    assert [(p["name"], p["port"]) for p in spec["ports"]] == [("http", 8000)], overlay
+    assert sorted(s["metadata"]["name"] for s in exposing) == ["engine", "engine-headless"]
+    for service in exposing:
+        spec = service["spec"]
+        assert spec.get("type", "ClusterIP") == "ClusterIP", overlay
+        assert not spec.get("externalIPs") and not spec.get("loadBalancerIP"), overlay
+        assert all("nodePort" not in port for port in spec["ports"]), overlay
+        assert [(p["name"], p["port"]) for p in spec["ports"]] == [("http", 8000)], overlay
     for ingress in rendered.of_kind("Ingress"):
         assert "name: engine" not in yaml.safe_dump(ingress["spec"]), overlay
 
@@ -404,6 +409,52 @@ def test_grace_periods_cover_the_drains(renders: Renders, overlay: str) -> None:
     engine_wait = float(first_sleep.group(1)) if first_sleep else 0.0
     grace = engine_pod(rendered)["terminationGracePeriodSeconds"]
     assert grace >= engine_wait + graceful, (overlay, grace, engine_wait, graceful)
+    # New requests stop once every gateway has dropped the pod: its DNS answer's TTL, then at
+    # most one lookup interval later. The hook's first wait must outlast both.
+    interval = float(
+        env.get(f"{ENV_PREFIX}DISCOVERY_INTERVAL_S", fields["discovery_interval_s"].default)
+    )
+    assert engine_wait > CLUSTER_DNS_TTL_S + interval, (overlay, engine_wait, interval)
+
+
+def discovery_problems(rendered: Rendered) -> list[str]:
+    """Why the gateway would not see every engine pod: its upstream must be a dns+ name of a
+    headless Service (one address per ready pod) that selects the engine pods, on their port.
+    A ClusterIP Service's name answers one virtual IP: kube-proxy would pick the pod and the
+    gateway's routing would see one engine."""
+    upstream = gateway_env(rendered).get(f"{ENV_PREFIX}UPSTREAM", "")
+    if not upstream.startswith("dns+"):
+        return [f"upstream {upstream!r} is not a dns+ (discovered) upstream"]
+    parts = urlsplit(upstream.removeprefix("dns+"))
+    service = rendered.find("Service", parts.hostname or "")
+    if service is None:
+        return [f"upstream names no Service of the render ({parts.hostname})"]
+    spec, problems = service["spec"], []
+    if spec.get("clusterIP") != "None":
+        problems.append(f"Service {parts.hostname} is not headless (no clusterIP: None)")
+    if not labels_match(spec.get("selector") or {}, pod_labels(engine_workload(rendered))):
+        problems.append(f"Service {parts.hostname} does not select the engine pods")
+    if parts.port not in [port["port"] for port in spec["ports"]]:
+        problems.append(f"Service {parts.hostname} has no port {parts.port}")
+    return problems
+
+
+@pytest.mark.parametrize("overlay", OVERLAY_NAMES)
+def test_the_gateway_discovers_the_engine_pods_through_a_headless_service(
+    renders: Renders, overlay: str
+) -> None:
+    assert discovery_problems(renders(overlay)) == [], overlay
+
+
+def test_a_gateway_pointed_at_a_cluster_ip_service_is_refused(renders: Renders) -> None:
+    rendered = copy.deepcopy(renders("cpu-demo"))
+    settings = rendered.one("ConfigMap", "gateway-settings")["data"]
+    settings[f"{ENV_PREFIX}UPSTREAM"] = "dns+http://engine:8000"  # the ClusterIP Service
+    assert discovery_problems(rendered) == ["Service engine is not headless (no clusterIP: None)"]
+    settings[f"{ENV_PREFIX}UPSTREAM"] = "http://engine-headless:8000"  # no discovery
+    assert discovery_problems(rendered) == [
+        "upstream 'http://engine-headless:8000' is not a dns+ (discovered) upstream"
+    ]
 
 
 @pytest.mark.parametrize("overlay", OVERLAY_NAMES)
@@ -421,7 +472,7 @@ def test_the_gateway_accepts_its_settings(
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("SERVING_HOME", str(tmp_path))
     settings = GatewaySettings.from_env()
-    assert settings.upstream == "http://engine:8000", overlay
+    assert settings.upstream == "dns+http://engine-headless:8000", overlay
     assert settings.keys_file and settings.redis_url, overlay
     # The keys file is the Secret gateway-keys, mounted read-only where the setting says.
     rendered = renders(overlay)

@@ -3,8 +3,8 @@ prompt in vLLM's prefix cache, which is the engine its conversation used so far.
 
     table = PrefixTable(capacity=200_000)
     hashes = prefix_hashes(prompt_text(kind, data))
-    engine = table.longest_match(hashes, in_rotation)   # an engine index, or None
-    table.remember(hashes, engine_index)
+    engine = table.longest_match(hashes, eligible)   # an engine id in `eligible`, or None
+    table.remember(hashes, engine_id)
 
 The prompt text is cut into `CHUNK_CHARS` pieces and each piece's hash is chained to the
 one before it, so one hash stands for a whole prefix. Turn N+1 of a conversation begins with
@@ -23,7 +23,7 @@ dropped.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 from typing import Any
 
 # About 16 tokens of English text, vLLM's KV block: finer would track blocks vLLM cannot
@@ -83,23 +83,23 @@ class PrefixTable:
     """
 
     def __init__(self, capacity: int = 200_000) -> None:
-        # value: engine index << 1 | 1 for a tip
+        # value: engine id << 1 | 1 for a tip
         self._entries: dict[int, int] = {}
         self._capacity = capacity
 
     def __len__(self) -> int:
         return len(self._entries)
 
-    def longest_match(self, hashes: Sequence[int], eligible: Sequence[bool]) -> int | None:
+    def longest_match(self, hashes: Sequence[int], eligible: Container[int]) -> int | None:
         """The engine whose tip is the deepest known prefix of `hashes`, if it is among the
-        `eligible` engine indexes; else None."""
+        `eligible` engine ids; else None."""
         entries = self._entries
         for chain in reversed(hashes):
             entry = entries.get(chain)
             if entry is None:
                 continue
             engine = entry >> 1
-            if entry & 1 and engine < len(eligible) and eligible[engine]:
+            if entry & 1 and engine in eligible:
                 return engine
             return None
         return None

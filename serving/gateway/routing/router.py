@@ -5,6 +5,7 @@
     other = router.choose(prefix_hashes, exclude=engine)   # a failover target, or None
     router.connect_failed(engine)                  # out of the rotation until a probe passes
     router.probed(engine, reason)                  # the health monitor's verdict
+    router.add(engine); router.drain(engine)       # engine discovery (`discovery`)
 
 Rotation: an engine is in it while its last `/health` probe passed (or timed out, fewer than
 `TIMEOUTS_TO_LEAVE` times in a row: a busy vLLM answers slowly) and no connection to it has
@@ -23,6 +24,11 @@ Policies (`GatewaySettings.routing`):
   conversation or a shared system prompt must not pile everything on one engine). Requests
   with nothing to key on are least-loaded.
 
+Membership: the engines are fixed (`--upstream` lists them) or discovered (`discovery`): an
+added engine joins the rotation once a health probe passes; a drained one leaves the rotation
+at once (no new request goes to it) while the requests it is serving finish, and its
+connections close when the last one has (`reap`). With no engine at all, 503 at once.
+
 Each gateway replica keeps its own load counts and prefix table, so routing costs no network
 call. Replicas learn a conversation's engine from the turns they see: when a load balancer
 spreads one conversation's turns over several replicas, a turn can land on another engine
@@ -31,6 +37,7 @@ spreads one conversation's turns over several replicas, a turn can land on anoth
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from typing import Literal
 
@@ -40,6 +47,10 @@ from serving.gateway.upstream import UpstreamClient
 Policy = Literal["affinity", "least-loaded", "round-robin"]
 CONNECT_FAILED = "connecting failed"
 NOT_CHECKED = "upstream not checked yet"
+DRAINING = "draining: no longer discovered"
+# Engine ids: the prefix table's name for an engine, never reused in a process (an engine
+# that comes back at the same address is a new engine: its prefix cache is empty).
+_ids = itertools.count()
 # Health probes in a row that must time out before an engine in the rotation leaves it.
 TIMEOUTS_TO_LEAVE = 3
 
@@ -58,10 +69,10 @@ class Engine:
         "timeouts",
     )
 
-    def __init__(self, index: int, client: UpstreamClient) -> None:
-        self.index = index
-        self.label = str(index)
-        """The metric label: the position in --upstream (addresses stay out of metrics)."""
+    def __init__(self, client: UpstreamClient) -> None:
+        self.index = next(_ids)
+        self.label = client.address
+        """The metric label: the engine's host:port (stable while engines come and go)."""
         self.client = client
         self.reason: str | None = NOT_CHECKED
         """Why it is out of the rotation; None while it is in."""
@@ -77,12 +88,17 @@ class Engine:
     def in_rotation(self) -> bool:
         return self.reason is None
 
+    @property
+    def draining(self) -> bool:
+        return self.reason is DRAINING
+
 
 class Router:
     def __init__(self, engines: Sequence[Engine], *, policy: Policy, overload: int) -> None:
-        if not engines:
-            raise ValueError("a router needs at least one engine")
         self.engines = tuple(engines)
+        """The engines requests may go to (draining ones are no longer here)."""
+        self.draining: tuple[Engine, ...] = ()
+        """Engines left out of the rotation for good, serving their last requests."""
         self.policy = policy
         self._overload = overload
         self._next = 0
@@ -106,12 +122,32 @@ class Router:
         least = self._least_loaded(eligible)
         if least is None or not prefixes or self.policy != "affinity":
             return least
-        held = self._prefixes.longest_match(prefixes, eligible)
+        by_id = {engine.index: engine for engine, ok in zip(engines, eligible, strict=True) if ok}
+        held = self._prefixes.longest_match(prefixes, by_id)
         chosen = least
-        if held is not None and engines[held].in_flight <= least.in_flight + self._overload:
-            chosen = engines[held]
+        if held is not None and by_id[held].in_flight <= least.in_flight + self._overload:
+            chosen = by_id[held]
         self._prefixes.remember(prefixes, chosen.index)
         return chosen
+
+    def add(self, engine: Engine) -> None:
+        """A discovered engine: it joins the rotation once a probe passes (`probed`)."""
+        self.engines = (*self.engines, engine)
+
+    def drain(self, engine: Engine) -> None:
+        """An engine no longer discovered: no new request goes to it from now on; the ones
+        it is serving finish (`reap` says when its client may close)."""
+        engine.reason = DRAINING
+        self.engines = tuple(other for other in self.engines if other is not engine)
+        self.draining = (*self.draining, engine)
+        self._prefixes.forget_engine(engine.index)
+
+    def reap(self) -> list[Engine]:
+        """The drained engines that have finished their last request (now forgotten)."""
+        done = [engine for engine in self.draining if engine.in_flight == 0]
+        if done:
+            self.draining = tuple(engine for engine in self.draining if engine.in_flight)
+        return done
 
     def connect_failed(self, engine: Engine) -> None:
         engine.reason = CONNECT_FAILED
@@ -120,7 +156,10 @@ class Router:
         """The health monitor's verdict on `engine` (None: healthy). A probe that got no
         answer in time takes an engine out only on the `TIMEOUTS_TO_LEAVE`th in a row: vLLM
         answers `/health` after its engine core, so a busy engine is slow to answer, and
-        one slow probe must not take a working engine (or the only one) out."""
+        one slow probe must not take a working engine (or the only one) out. A drained
+        engine stays out (a probe sent before it was drained may answer after)."""
+        if engine.reason is DRAINING:
+            return
         if timed_out:
             engine.timeouts += 1
             if engine.reason is None and engine.timeouts < TIMEOUTS_TO_LEAVE:
@@ -136,10 +175,13 @@ class Router:
         """None while any engine is in the rotation, else why none is."""
         if any(engine.reason is None for engine in self.engines):
             return None
+        if not self.engines:
+            return "no engine: discovery found none"
         if len(self.engines) == 1:
             return self.engines[0].reason
+        # Positions, not addresses: /readyz answers anyone, and must not map the network.
         return "no engine in rotation: " + "; ".join(
-            f"engine {engine.label}: {engine.reason}" for engine in self.engines
+            f"engine {position}: {engine.reason}" for position, engine in enumerate(self.engines)
         )
 
     def gateway_location(self, location: bytes) -> bytes:
@@ -163,12 +205,14 @@ class Router:
         engines = self.engines
         count = len(engines)
         best: Engine | None = None
+        best_index = 0
         start = self._next
         for step in range(count):
             index = (start + step) % count
             engine = engines[index]
             if eligible[index] and (best is None or engine.in_flight < best.in_flight):
                 best = engine
+                best_index = index
         if best is not None:
-            self._next = best.index + 1
+            self._next = best_index + 1
         return best

@@ -76,18 +76,18 @@ def test_the_end_of_the_previous_turn_names_the_engine() -> None:
     table = PrefixTable()
     first, second, third = (hashes_of(m) for m in turns("Why is the sky blue? " * 4, 3))
     table.remember(first, 1)  # engine 1 served the conversation's first turn
-    assert table.longest_match(second, [True, True]) == 1
+    assert table.longest_match(second, {0, 1}) == 1
     table.remember(second, 1)
-    assert table.longest_match(third, [True, True]) == 1
-    assert table.longest_match(second, [True, True]) == 1  # a regenerated turn stays too
-    assert table.longest_match(third, [True, False]) is None  # engine 1 out of rotation
+    assert table.longest_match(third, {0, 1}) == 1
+    assert table.longest_match(second, {0, 1}) == 1  # a regenerated turn stays too
+    assert table.longest_match(third, {0}) is None  # engine 1 out of rotation
 
 
 def test_a_shared_system_prompt_alone_names_no_engine() -> None:
     table = PrefixTable()
     table.remember(hashes_of(turns("Why is the sky blue? " * 4, 1)[0]), 1)
     other = hashes_of(turns("How do tides work? " * 4, 1)[0])
-    assert table.longest_match(other, [True, True]) is None  # balanced like a new request
+    assert table.longest_match(other, {0, 1}) is None  # balanced like a new request
 
 
 def test_a_restarted_engine_is_forgotten() -> None:
@@ -95,7 +95,7 @@ def test_a_restarted_engine_is_forgotten() -> None:
     first = hashes_of(turns("Why is the sky blue?", 1)[0])
     table.remember(first, 1)
     table.forget_engine(1)
-    assert table.longest_match(first, [True, True]) is None
+    assert table.longest_match(first, {0, 1}) is None
     assert len(table) == 0
 
 
@@ -105,4 +105,4 @@ def test_the_table_stays_bounded_and_keeps_the_newest() -> None:
         table.remember(prefix_hashes(f"{n:04d}" * 64), n % 2)
     assert len(table) <= 100
     newest = prefix_hashes(f"{29:04d}" * 64)
-    assert table.longest_match(newest, [True, True]) == 1
+    assert table.longest_match(newest, {0, 1}) == 1

@@ -16,9 +16,7 @@ from serving.gateway.upstream import UpstreamClient
 def router(count: int, policy: Policy = "affinity", overload: int = 2) -> Router:
     urls = ",".join(f"http://10.0.0.{n}:8000" for n in range(1, count + 1))
     settings = GatewaySettings.create(upstream=urls, api_keys=["sk-test"])
-    engines = [
-        Engine(i, UpstreamClient(settings, url)) for i, url in enumerate(settings.upstream_urls)
-    ]
+    engines = [Engine(UpstreamClient(settings, url)) for url in settings.upstream_urls]
     built = Router(engines, policy=policy, overload=overload)
     for engine in built.engines:
         built.probed(engine, None)
@@ -31,7 +29,7 @@ def conversation(name: str, turn: int) -> list[int]:
 
 def test_engines_start_out_of_rotation_until_probed() -> None:
     settings = GatewaySettings.create(upstream="http://10.0.0.1:8000", api_keys=["sk-test"])
-    engine = Engine(0, UpstreamClient(settings, settings.upstream))
+    engine = Engine(UpstreamClient(settings, settings.upstream))
     fresh = Router([engine], policy="affinity", overload=2)
     assert fresh.choose() is None
     assert fresh.unready_reason == NOT_CHECKED
@@ -40,7 +38,7 @@ def test_engines_start_out_of_rotation_until_probed() -> None:
 def test_least_loaded_picks_the_emptiest_and_spreads_ties() -> None:
     routing = router(3, "least-loaded")
     picks = Counter(routing.choose().label for _ in range(9))  # type: ignore[union-attr]
-    assert picks == {"0": 3, "1": 3, "2": 3}
+    assert picks == {"10.0.0.1:8000": 3, "10.0.0.2:8000": 3, "10.0.0.3:8000": 3}
     routing.engines[0].in_flight = 2
     routing.engines[1].in_flight = 1
     assert routing.choose() is routing.engines[2]
@@ -51,7 +49,8 @@ def test_least_loaded_picks_the_emptiest_and_spreads_ties() -> None:
 def test_round_robin_goes_in_turn_whatever_the_load() -> None:
     routing = router(2, "round-robin")
     routing.engines[1].in_flight = 50
-    assert [routing.choose().label for _ in range(4)] == ["0", "1", "0", "1"]  # type: ignore[union-attr]
+    labels = [routing.choose().label for _ in range(4)]  # type: ignore[union-attr]
+    assert labels == ["10.0.0.1:8000", "10.0.0.2:8000"] * 2
 
 
 def test_affinity_keeps_a_conversation_on_its_engine() -> None:

@@ -140,11 +140,13 @@ def test_an_unhealthy_engine_leaves_the_rotation_and_comes_back(
         for n in range(4):
             assert chat(http, token, conversation_turn(f"t{n}", 0)).status_code == 200
         assert served_by(engines, token) == [0, 4]
-        assert value(scrape(gateway), "gateway_engine_in_rotation", engine="0") == 0
+        assert value(scrape(gateway), "gateway_engine_in_rotation", engine=engines[0].address) == 0
         assert http.get("/readyz").status_code == 200  # one engine is enough
         engines[0].healthy = True
         assert eventually(
-            lambda: value(scrape(gateway), "gateway_engine_in_rotation", engine="0") == 1
+            lambda: (
+                value(scrape(gateway), "gateway_engine_in_rotation", engine=engines[0].address) == 1
+            )
         )
         for n in range(4):
             assert chat(http, f"{token}-back", conversation_turn(f"t{n}", 0)).status_code == 200
@@ -194,9 +196,9 @@ def test_a_refused_connection_fails_over_and_takes_the_engine_out(
             for n in range(4):
                 assert chat(http, token, conversation_turn(f"t{n}", 0)).status_code == 200
         samples = scrape(gateway)
-        assert value(samples, "gateway_engine_in_rotation", engine="0") == 0
-        assert value(samples, "gateway_engine_failovers_total", engine="0") == 1
-        assert value(samples, "gateway_engine_requests_total", engine="1") == 4
+        assert value(samples, "gateway_engine_in_rotation", engine=doomed.address) == 0
+        assert value(samples, "gateway_engine_failovers_total", engine=doomed.address) == 1
+        assert value(samples, "gateway_engine_requests_total", engine=survivor.address) == 4
         assert len(survivor.received(token)) == 4
         assert settled(gateway)
     finally:
@@ -217,9 +219,10 @@ def test_a_5xx_before_any_byte_is_tried_once_more_elsewhere(
     assert response.status_code == status
     assert served_by(engines, token) == [1, 1]  # once on each, never a third time
     samples = scrape(gateway)
-    assert sum(value(samples, "gateway_engine_failovers_total", engine=e) for e in "01") == 1
+    addresses = [engine.address for engine in engines]
+    assert sum(value(samples, "gateway_engine_failovers_total", engine=e) for e in addresses) == 1
     # each attempt was counted in flight on its own engine, and both are back at zero
-    in_flight = [value(samples, "gateway_engine_in_flight_requests", engine=e) for e in "01"]
+    in_flight = [value(samples, "gateway_engine_in_flight_requests", engine=e) for e in addresses]
     assert in_flight == [0, 0]
     assert settled(gateway)
 

@@ -40,14 +40,18 @@ def test_serving_up_runs_two_engines_and_its_gateway_routes_over_both(topology: 
         assert http_ok(f"http://127.0.0.1:{launcher}/metrics")
     gateway = up.gateway
     before = [vllm_finished(url) for url in up.engine_urls]
-    routed = [gateway.value("gateway_engine_requests_total", engine=e) for e in "01"]
+    labels = [gateway.engine(0), gateway.engine(1)]
+    routed = [gateway.value("gateway_engine_requests_total", engine=e) for e in labels]
     client = up.stack.client(max_retries=0)
     for _ in range(6):
         reply = client.chat.completions.create(
             model=MODEL, messages=SHORT["messages"], max_tokens=4
         )
         assert reply.choices[0].message.content is not None
-    sent = [gateway.value("gateway_engine_requests_total", engine=e) - routed[int(e)] for e in "01"]
+    sent = [
+        gateway.value("gateway_engine_requests_total", engine=e) - routed[i]
+        for i, e in enumerate(labels)
+    ]
     assert sent[0] >= 1 and sent[1] >= 1 and sum(sent) == 6
     # What the gateway says it sent each engine is what each engine says it served (vLLM
     # counts a request once its last output is processed, maybe after the reply left).

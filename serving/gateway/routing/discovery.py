@@ -1,0 +1,186 @@
+"""Engine discovery: the engines behind a DNS name, kept in the router as they come and go.
+
+    lookup = DnsLookup("engine-headless", nameserver="10.96.0.10", timeout_s=2)
+    discovery = EngineDiscovery(settings, router, lookup, changed=on_change)
+    await discovery.refresh()          # at startup, before traffic
+    discovery.start() ... await discovery.stop()
+
+The upstream `dns+http://engine-headless:8000` names a Kubernetes headless Service: its DNS
+name answers with one A (or AAAA) record per ready engine pod. Each lookup asks the configured
+nameserver (dnspython: `getaddrinfo` cannot be pointed at a given server, and does not tell
+the TTL), then:
+
+- addresses that are new join: an `Engine` with its own client, in the rotation once its
+  `/health` passes (the `changed` callback runs the health check at once);
+- addresses no longer listed drain (`Router.drain`): no new request goes to them, the ones
+  they serve finish, and their connections close after the last (`reap`, every lookup);
+- NXDOMAIN or no records: no engine (a headless Service with no ready pod has none), so every
+  engine drains and requests get 503 at once;
+- no answer (timeout, SERVFAIL, refused, unreachable server): the last good answer stays (a
+  DNS outage must not empty a gateway whose engines work), counted as a discovery error.
+
+The next lookup comes when the answer's TTL runs out, at most `discovery_interval_s` later and
+at least `MIN_INTERVAL_S` (a TTL of 0 must not turn into a busy loop); after a failed one,
+`RETRY_S` later (or the interval, when shorter).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+import dns.asyncresolver
+import dns.exception
+import dns.rdatatype
+import dns.resolver
+
+from serving.gateway.routing.router import Engine, Router
+from serving.gateway.settings import GatewaySettings, parse_nameserver
+from serving.gateway.upstream import UpstreamClient
+
+logger = logging.getLogger(__name__)
+
+MIN_INTERVAL_S = 1.0
+RETRY_S = 2.0
+
+
+class LookupFailed(Exception):
+    """The nameserver gave no answer (the last good one stays)."""
+
+
+@dataclass(frozen=True)
+class Found:
+    addresses: frozenset[str]
+    """The engines' IP addresses (empty: the name has none)."""
+    ttl_s: float | None
+    """Seconds the answer may be cached; None for an empty answer."""
+
+
+class DnsLookup:
+    """A and AAAA records of one name, from one nameserver (or resolv.conf's)."""
+
+    def __init__(self, name: str, *, nameserver: str | None, timeout_s: float) -> None:
+        self.name = name
+        resolver = dns.asyncresolver.Resolver(configure=nameserver is None)
+        if nameserver is not None:
+            host, port = parse_nameserver(nameserver)
+            resolver.nameservers = [host]
+            resolver.port = port
+        resolver.lifetime = timeout_s
+        self._resolver = resolver
+
+    async def find(self) -> Found:
+        answers = await asyncio.gather(self._records("A"), self._records("AAAA"))
+        addresses: set[str] = set()
+        ttls: list[float] = []
+        for found, ttl in answers:
+            addresses.update(found)
+            if ttl is not None:
+                ttls.append(ttl)
+        return Found(frozenset(addresses), min(ttls) if ttls else None)
+
+    async def _records(self, kind: str) -> tuple[list[str], float | None]:
+        try:
+            # search=True: a short Service name takes resolv.conf's search list, as in a pod
+            answer = await self._resolver.resolve(
+                self.name, kind, search=True, raise_on_no_answer=False
+            )
+        except dns.resolver.NXDOMAIN:
+            return [], None
+        except dns.exception.DNSException as exc:  # timeout, SERVFAIL, no server answered
+            raise LookupFailed(f"{kind} {self.name}: {type(exc).__name__}") from exc
+        if answer.rrset is None:
+            return [], None
+        wanted = dns.rdatatype.from_text(kind)
+        found = [rdata.to_text() for rdata in answer.rrset if rdata.rdtype == wanted]
+        return found, float(answer.rrset.ttl)
+
+
+class EngineDiscovery:
+    def __init__(
+        self,
+        settings: GatewaySettings,
+        router: Router,
+        lookup: DnsLookup,
+        *,
+        changed: Callable[[], Awaitable[None]],
+    ) -> None:
+        self._settings = settings
+        self._router = router
+        self._lookup = lookup
+        self._changed = changed
+        template = urlsplit(settings.upstream_urls[0])
+        self._scheme = template.scheme
+        self._port = template.port or (443 if template.scheme == "https" else 80)
+        self._path = template.path
+        self._engines: dict[str, Engine] = {}
+        self._task: asyncio.Task[None] | None = None
+        self.errors = 0
+        """Lookups that got no answer (`gateway_engine_discovery_errors_total`)."""
+        self.last_error: str | None = None
+
+    def url_for(self, address: str) -> str:
+        host = f"[{address}]" if ":" in address else address
+        return f"{self._scheme}://{host}:{self._port}{self._path}"
+
+    async def refresh(self) -> float:
+        """One lookup applied to the router; seconds until the next one."""
+        interval = self._settings.discovery_interval_s
+        try:
+            found = await self._lookup.find()
+        except LookupFailed as exc:
+            self.errors += 1
+            self.last_error = str(exc)
+            logger.warning("engine discovery: no answer (%s); keeping the last engines", exc)
+            await self.reap()
+            return max(MIN_INTERVAL_S, min(interval, RETRY_S))
+        self.last_error = None
+        known = set(self._engines)
+        joined = sorted(found.addresses - known)
+        left = sorted(known - found.addresses)
+        for address in joined:
+            engine = Engine(UpstreamClient(self._settings, self.url_for(address)))
+            await engine.client.start()
+            self._engines[address] = engine
+            self._router.add(engine)
+        for address in left:
+            self._router.drain(self._engines.pop(address))
+        if joined or left:
+            logger.info(
+                "engine discovery: %s answers %d engine(s); joined %s, draining %s",
+                self._lookup.name, len(found.addresses), joined or "none", left or "none",
+            )  # fmt: skip
+            await self._changed()
+        await self.reap()
+        ttl = interval if found.ttl_s is None else found.ttl_s
+        return max(MIN_INTERVAL_S, min(interval, ttl))
+
+    async def reap(self) -> None:
+        """Close the clients of drained engines that have finished their last request."""
+        for engine in self._router.reap():
+            await engine.client.close()
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.ensure_future(self._run())
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _run(self) -> None:
+        delay = self._settings.discovery_interval_s
+        while True:
+            await asyncio.sleep(delay)
+            try:
+                delay = await self.refresh()
+            except Exception:  # the loop must outlive any one failure; it is logged
+                logger.exception("engine discovery failed")
+                delay = self._settings.discovery_interval_s
