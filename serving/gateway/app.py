@@ -12,7 +12,8 @@ Routes:
                 calls an engine or Redis itself);
 - ``/playground`` the chat page (`playground`; no auth: its API calls send the user's key);
 - ``/metrics``  Prometheus text format (no auth: scraped by Prometheus/Kubernetes; it holds
-                public key ids, never secrets);
+                public key ids, never secrets); with --metrics-port, only on that port
+                (`metrics_listener`) and 404 here;
 - every other path: the route table (`route_table`), the same for every key: the metered
                 routes (chat completions, completions, Responses: `completions`), the free
                 ones (the model list; tokenize when opted in) behind an API key, vLLM's
@@ -66,6 +67,7 @@ from serving.gateway.keys import FileKeyStore, KeyStore, SqliteKeyStore
 from serving.gateway.keys.redis_refresh import RedisKeyRefresh
 from serving.gateway.keys.redis_store import KeyStoreUnavailable
 from serving.gateway.metrics import CONTENT_TYPE, NONE, GatewayMetrics, RequestRecord
+from serving.gateway.metrics_listener import MetricsListener
 from serving.gateway.openai_request import check_tokenize_body
 from serving.gateway.periodic import Periodic
 from serving.gateway.playground import Playground
@@ -177,6 +179,11 @@ class GatewayApp:
             discovery_errors=(lambda: discovery.errors) if discovery else lambda: 0,
             queue=self.queue,
         )
+        self.metrics_listener = (
+            MetricsListener(self.metrics.render, host=settings.host, port=settings.metrics_port)
+            if settings.metrics_port is not None
+            else None
+        )
         self.catalog = ModelCatalog()
         self.playground = Playground.load()
         self.proxy = Proxy(self.router, retry_after_s=settings.retry_after_s)
@@ -261,6 +268,8 @@ class GatewayApp:
                     await self.health.check()  # model list and health before traffic
                     if self.shared_quota is not None:
                         await self.shared_quota.check()  # down is not fatal: the policy holds
+                    if self.metrics_listener is not None:
+                        await self.metrics_listener.start()
                 except Exception as exc:
                     await send({"type": "lifespan.startup.failed", "message": str(exc)})
                     return
@@ -276,6 +285,8 @@ class GatewayApp:
                 if self.key_refresh is not None:
                     await self.key_refresh.stop()
                 await self.fleet.close()
+                if self.metrics_listener is not None:
+                    await self.metrics_listener.stop()
                 if self.shared_quota is not None:
                     await self.shared_quota.check()  # last chance for endings that waited
                 for close_async in self._async_closers:
@@ -299,7 +310,7 @@ class GatewayApp:
                 content_length = value
         rid = request_id(client_request_id)
         path: str = scope["path"]
-        if path == "/metrics":
+        if path == "/metrics" and self.metrics_listener is None:
             body = self.metrics.render()
             await send_bytes(send, 200, body, request_id=rid, content_type=CONTENT_TYPE)
         elif path == "/healthz":

@@ -115,6 +115,9 @@ class GatewaySettings(BaseSettings):
     """Address to listen on."""
     port: int = Field(default=GATEWAY_PORT, ge=0, le=65535)
     """Port to listen on."""
+    metrics_port: int | None = Field(default=None, ge=1, le=65535)
+    """Serve /metrics on this port (same host) and not on the API port: its series name
+    every key with its spend. Unset: /metrics on the API port (loopback by default)."""
     max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1)
     """Largest request body accepted; larger ones get 413 before anything is forwarded.
     32 MiB holds a realistic set of base64 images (base64 is 4/3 of the file: four 6 MB

@@ -58,8 +58,12 @@ def probe_path(container: Obj, probe: str) -> str:
     return path
 
 
-def service_port(rendered: Rendered, name: str) -> int:
-    [port] = rendered.one("Service", name)["spec"]["ports"]
+def service_port(rendered: Rendered, name: str, port_name: str | None = None) -> int:
+    """The Service's port named `port_name` (None: its only port, or the `http` one)."""
+    ports = rendered.one("Service", name)["spec"]["ports"]
+    if port_name is None and len(ports) > 1:
+        port_name = "http"
+    [port] = [port for port in ports if port_name in (None, port["name"])]
     return int(port["port"])
 
 
@@ -167,11 +171,17 @@ def test_the_gateway_pod_as_rendered_serves_with_its_secret_and_drains(
     # The Redis Service, resolved to a redis-server of the test's own (`redis_service`).
     env["SERVING_GATEWAY_REDIS_URL"] = redis_service
     # Listen where the container port says, on loopback here (0.0.0.0 in the pod).
-    [port_spec] = container["ports"]
+    port_spec = next(p for p in container["ports"] if p["name"] == "http")
     assert int(env["SERVING_GATEWAY_PORT"]) == port_spec["containerPort"]
     assert service_port(demo, "gateway") == port_spec["containerPort"]
     port = free_port()
     env.update(SERVING_GATEWAY_HOST="127.0.0.1", SERVING_GATEWAY_PORT=str(port))
+    # /metrics on the port the ServiceMonitor scrapes (a free one here), not the API port.
+    metrics_spec = next(p for p in container["ports"] if p["name"] == "metrics")
+    assert int(env["SERVING_GATEWAY_METRICS_PORT"]) == metrics_spec["containerPort"]
+    assert service_port(demo, "gateway", "metrics") == metrics_spec["containerPort"]
+    metrics_port = free_port()
+    env["SERVING_GATEWAY_METRICS_PORT"] = str(metrics_port)
     mounts = mounted_files(demo, container, tmp_path)
     keys_yaml, secret = create_key(rpm=1000)
     keys_file = local_path(env["SERVING_GATEWAY_KEYS_FILE"], mounts)
@@ -207,6 +217,9 @@ def test_the_gateway_pod_as_rendered_serves_with_its_secret_and_drains(
         )
         assert reply.http_response.status_code == 200
         assert reply.headers["x-ratelimit-limit-requests"] == "1000"
+        assert requests.get(f"{url}/metrics", timeout=5).status_code == 404
+        scraped = requests.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5)
+        assert scraped.status_code == 200 and "gateway_requests_total" in scraped.text
         # What the kubelet does at termination: SIGTERM, then the grace period at most.
         grace = demo.one("Deployment", "gateway")["spec"]["template"]["spec"][
             "terminationGracePeriodSeconds"

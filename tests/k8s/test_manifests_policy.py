@@ -638,3 +638,29 @@ def test_a_managed_redis_is_reachable_but_not_the_metadata_address(tmp_path: Pat
         for port in rule["ports"]
     }
     assert ports == {6379, 6380}
+
+
+@pytest.mark.parametrize("overlay", OVERLAY_NAMES)
+def test_the_gateways_metrics_port_is_prometheus_only(renders: Renders, overlay: str) -> None:
+    """Its series name every key with its spend: the API port must not serve them."""
+    rendered = renders(overlay)
+    metrics_port = int(gateway_env(rendered)[f"{ENV_PREFIX}METRICS_PORT"])
+    container = rendered.container("Deployment", "gateway", "gateway")
+    assert {p["name"]: p["containerPort"] for p in container["ports"]} == {
+        "http": 8000,
+        "metrics": metrics_port,
+    }
+    labels = pod_labels(rendered.one("Deployment", "gateway"))
+    for policy in rendered.of_kind("NetworkPolicy"):
+        if not (selects(policy, labels) and restricts_ingress(policy)):
+            continue
+        for rule in policy["spec"].get("ingress") or []:
+            ports = {p.get("port") for p in rule.get("ports") or []}
+            if metrics_port in ports or "metrics" in ports or not ports:
+                assert rule.get("from") == [PROMETHEUS_PEER], (overlay, rule)
+    monitor = rendered.find("ServiceMonitor", "gateway")
+    if monitor is None:  # cpu-demo leaves the monitoring component out
+        return
+    [endpoint] = monitor["spec"]["endpoints"]
+    service_ports = {p["name"]: p for p in rendered.one("Service", "gateway")["spec"]["ports"]}
+    assert service_ports[endpoint["port"]]["targetPort"] == "metrics", overlay
