@@ -651,6 +651,7 @@ def test_the_gateways_metrics_port_is_prometheus_only(renders: Renders, overlay:
         "metrics": metrics_port,
     }
     labels = pod_labels(rendered.one("Deployment", "gateway"))
+    scraped = False
     for policy in rendered.of_kind("NetworkPolicy"):
         if not (selects(policy, labels) and restricts_ingress(policy)):
             continue
@@ -658,6 +659,8 @@ def test_the_gateways_metrics_port_is_prometheus_only(renders: Renders, overlay:
             ports = {p.get("port") for p in rule.get("ports") or []}
             if metrics_port in ports or "metrics" in ports or not ports:
                 assert rule.get("from") == [PROMETHEUS_PEER], (overlay, rule)
+                scraped = True
+    assert scraped, f"{overlay}: no policy admits Prometheus to the metrics port"
     monitor = rendered.find("ServiceMonitor", "gateway")
     if monitor is None:  # cpu-demo leaves the monitoring component out
         return
