@@ -667,3 +667,18 @@ def test_the_gateways_metrics_port_is_prometheus_only(renders: Renders, overlay:
     [endpoint] = monitor["spec"]["endpoints"]
     service_ports = {p["name"]: p for p in rendered.one("Service", "gateway")["spec"]["ports"]}
     assert service_ports[endpoint["port"]]["targetPort"] == "metrics", overlay
+
+
+@pytest.mark.parametrize("overlay", OVERLAY_NAMES)
+def test_the_gateway_admits_images_only_where_the_profile_declares_them(
+    renders: Renders, overlay: str
+) -> None:
+    """An image's cost must be bounded before it is admitted: only a profile that declares
+    images (and an overlay that gives the gateway that model's processor settings) may."""
+    env = gateway_env(renders(overlay))
+    images = int(env.get(f"{ENV_PREFIX}MAX_IMAGES_PER_REQUEST", "-1"))
+    declared = profile_of(overlay).limit_mm_per_prompt.get("image", 0)
+    assert 0 <= images <= declared, (overlay, images, declared)
+    if images:
+        settings = ("IMAGE_PATCH_SIZE", "IMAGE_MERGE_SIZE", "IMAGE_MIN_PIXELS", "IMAGE_MAX_PIXELS")
+        assert all(f"{ENV_PREFIX}{name}" in env for name in settings), overlay
