@@ -159,13 +159,15 @@ class Gateway:
         return self.value("gateway_engine_in_rotation", engine=self.engine(engine)) == 1
 
     def engine_gauges(self) -> list[float]:
-        """Requests this gateway has on engine 0 and on engine 1."""
+        """Requests this gateway has on engine 0 and on engine 1 (0 for one it lacks)."""
         samples = self.metrics()
         return [
             samples.get(
                 ("gateway_engine_in_flight_requests", frozenset({("engine", self.engine(e))})),
                 0.0,
             )
+            if e < len(self.engine_urls)
+            else 0.0
             for e in (0, 1)
         ]
 

@@ -80,7 +80,7 @@ def test_killed_engine_cuts_its_streams_with_an_error_and_the_survivor_takes_ove
     # Not one request that had not started failed: the one waiting on the killed engine was
     # sent to the survivor, and so was any new one the router picked the engine for.
     assert [request.result(60).status_code for request in waiting] == [200, 200]
-    assert r0.value("gateway_engine_failovers_total", engine=str(killed)) >= 1
+    assert r0.value("gateway_engine_failovers_total", engine=r0.engine(killed)) >= 1
     # (A Redis call starved past its 0.25 s bound on this busy machine is r0's `closed` policy
     # at work, a 503 `quota_store_unavailable` that says nothing about routing: left out.)
     routed = [o for o in load.outcomes if o.code != "quota_store_unavailable"]
@@ -113,11 +113,11 @@ def test_killed_engine_cuts_its_streams_with_an_error_and_the_survivor_takes_ove
     # ... with nothing counted on either engine (nothing runs) ...
     wait_idle(r0, engines=True)
     # ... and gets requests again.
-    before = r0.value("gateway_engine_requests_total", engine=str(killed))
+    before = r0.value("gateway_engine_requests_total", engine=r0.engine(killed))
     client = r0.client(load_secret)
     for _ in range(4):
         client.chat.completions.create(model=MODEL, messages=SHORT["messages"], max_tokens=2)
-    assert r0.value("gateway_engine_requests_total", engine=str(killed)) > before
+    assert r0.value("gateway_engine_requests_total", engine=r0.engine(killed)) > before
 
 
 # -- Redis away (case 11) -----------------------------------------------------------------------
@@ -332,13 +332,13 @@ def test_frozen_engine_leaves_the_rotation_and_none_left_is_503_at_once(
     # probe is a busy engine); a check probes every engine and then reads the model list
     # from one that passed, and the one running when the freeze began may not count.
     detect_s = (TIMEOUTS_TO_LEAVE + 2) * (HEALTH_INTERVAL_S + FREEZE_READINESS_TIMEOUT_S) + 5
-    sent = [r2.value("gateway_engine_requests_total", engine=e) for e in "01"]
+    sent = [r2.value("gateway_engine_requests_total", engine=r2.engine(e)) for e in (0, 1)]
     with topology.engines() as engines:
         engines.freeze(1)  # its /health never answers now
         eventually(lambda: not r2.in_rotation(1), budget_s=detect_s)
         assert r2.readyz().status_code == 200
         assert [r2.post(secret, SHORT).status_code for _ in range(4)] == [200] * 4
-        now = [r2.value("gateway_engine_requests_total", engine=e) for e in "01"]
+        now = [r2.value("gateway_engine_requests_total", engine=r2.engine(e)) for e in (0, 1)]
         assert [now[0] - sent[0], now[1] - sent[1]] == [4, 0]
 
         engines.freeze(0)
@@ -353,9 +353,9 @@ def test_frozen_engine_leaves_the_rotation_and_none_left_is_503_at_once(
         assert ready.json()["reason"].startswith("no engine in rotation")
         assert r2.value("gateway_upstream_healthy") == 0
     eventually(lambda: r2.in_rotation(0) and r2.in_rotation(1), budget_s=detect_s)
-    sent = [r2.value("gateway_engine_requests_total", engine=e) for e in "01"]
+    sent = [r2.value("gateway_engine_requests_total", engine=r2.engine(e)) for e in (0, 1)]
     assert [r2.post(secret, SHORT).status_code for _ in range(4)] == [200] * 4
-    now = [r2.value("gateway_engine_requests_total", engine=e) for e in "01"]
+    now = [r2.value("gateway_engine_requests_total", engine=r2.engine(e)) for e in (0, 1)]
     assert now[0] > sent[0] and now[1] > sent[1]
     wait_idle(r2, engines=True)
     topology.back_in_rotation()
