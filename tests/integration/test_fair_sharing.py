@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import statistics
 import subprocess
 import sys
 import threading
@@ -129,7 +130,9 @@ def test_a_flood_of_one_key_leaves_another_key_a_slot(stack: Stack) -> None:
         == QUIET_REQUESTS
     )
     assert reserved > 0
-    assert max(waits) < QUIET_TTFT_BOUND_S, waits
+    # The median, not each: a stall of the machine lands on one sample (a clean-clone run saw
+    # 2.34 s then 0.07-0.12 s), while under FCFS every quiet request waits about a noisy stream.
+    assert statistics.median(waits) < QUIET_TTFT_BOUND_S, waits
     eventually(lambda: idle(stack), budget_s=120)
 
 
