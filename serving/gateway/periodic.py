@@ -4,7 +4,9 @@
     job.start() ... await job.stop()
 
 The loop outlives any one failure of the job (it is logged), so one bad round does not stop
-health checks or lease upkeep for the rest of the process's life.
+health checks or lease upkeep for the rest of the process's life. A job that returns a number
+of seconds sets the wait before its next round (engine discovery: its DNS answer's TTL);
+otherwise, and after a failure, the next round comes `interval_s` later.
 """
 
 from __future__ import annotations
@@ -39,11 +41,15 @@ class Periodic:
                 await task
 
     async def _run(self) -> None:
+        delay = self._interval_s
         while True:
-            await asyncio.sleep(self._interval_s)
+            await asyncio.sleep(delay)
+            delay = self._interval_s
             try:
                 result = self._job()
                 if inspect.isawaitable(result):
-                    await result
+                    result = await result
+                if isinstance(result, float):
+                    delay = result
             except Exception:  # the loop must outlive any one failure; it is logged
                 logger.exception("background job %r failed", self._name)

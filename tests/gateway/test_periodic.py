@@ -50,3 +50,28 @@ def test_stop_before_start_and_twice_is_harmless() -> None:
         await job.stop()
 
     asyncio.run(main())
+
+
+def test_a_round_that_returns_seconds_sets_the_next_wait() -> None:
+    """Every 0.01 s by the interval, but the round asks for an hour: no second round. (A busy
+    machine can only delay rounds, so waiting half a second cannot see one by accident.)"""
+    calls: list[int] = []
+
+    async def main() -> None:
+        first = asyncio.Event()
+
+        async def round_() -> float:
+            calls.append(1)
+            first.set()
+            return 3600.0
+
+        job = Periodic("ttl", round_, interval_s=0.01)
+        job.start()
+        try:
+            await asyncio.wait_for(first.wait(), timeout=20)
+            await asyncio.sleep(0.5)
+        finally:
+            await job.stop()
+
+    asyncio.run(main())
+    assert calls == [1]

@@ -27,7 +27,6 @@ at least `MIN_INTERVAL_S` (a TTL of 0 must not turn into a busy loop); after a f
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -38,6 +37,7 @@ import dns.exception
 import dns.rdatatype
 import dns.resolver
 
+from serving.gateway.periodic import Periodic
 from serving.gateway.routing.router import Engine, Router
 from serving.gateway.settings import GatewaySettings, parse_nameserver
 from serving.gateway.upstream import UpstreamClient
@@ -118,7 +118,10 @@ class EngineDiscovery:
         self._port = template.port or (443 if template.scheme == "https" else 80)
         self._path = template.path
         self._engines: dict[str, Engine] = {}
-        self._task: asyncio.Task[None] | None = None
+        # each round returns the wait before the next (the answer's TTL, bounded)
+        self._job = Periodic(
+            "engine discovery", self.refresh, interval_s=settings.discovery_interval_s
+        )
         self.errors = 0
         """Lookups that got no answer (`gateway_engine_discovery_errors_total`)."""
         self.last_error: str | None = None
@@ -165,22 +168,7 @@ class EngineDiscovery:
             await engine.client.close()
 
     def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.ensure_future(self._run())
+        self._job.start()
 
     async def stop(self) -> None:
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-
-    async def _run(self) -> None:
-        delay = self._settings.discovery_interval_s
-        while True:
-            await asyncio.sleep(delay)
-            try:
-                delay = await self.refresh()
-            except Exception:  # the loop must outlive any one failure; it is logged
-                logger.exception("engine discovery failed")
-                delay = self._settings.discovery_interval_s
+        await self._job.stop()
