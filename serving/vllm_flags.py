@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -25,6 +26,11 @@ from serving.ports import ENGINE_PORT
 # vLLM's own default share of GPU memory for weights, activations and the KV cache: what a
 # profile and the planner assume when they set none.
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
+# vLLM's LoRA limits (LoRAConfig, vllm/config/lora.py): its defaults for adapters in one batch
+# and the largest rank, and the only ranks it accepts as that largest rank (MaxLoRARanks).
+DEFAULT_MAX_LORAS = 1
+DEFAULT_MAX_LORA_RANK = 16
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 if TYPE_CHECKING:  # only annotations: the planner imports this module without pydantic
     from serving.profiles.model import Profile
@@ -64,6 +70,11 @@ ENGINE_FLAGS: dict[str, str] = {
     "reasoning_parser": "--reasoning-parser",
     "structured_outputs": "--structured-outputs-config",
     "default_chat_template_kwargs": "--default-chat-template-kwargs",
+    "enable_lora": "--enable-lora",
+    "lora_modules": "--lora-modules",
+    "max_loras": "--max-loras",
+    "max_lora_rank": "--max-lora-rank",
+    "max_cpu_loras": "--max-cpu-loras",
     "language_model_only": "--language-model-only",  # the planner's; no profile sets it
 }
 
@@ -104,8 +115,18 @@ def _pipeline(profile: Profile) -> list[str]:
     return _option("pipeline_parallel_size", profile.pipeline_parallel_size)
 
 
-def engine_args(profile: Profile, model_path: str, *, host: str, port: int) -> list[str]:
-    """The server arguments (everything after the program name) for one profile."""
+def engine_args(
+    profile: Profile,
+    model_path: str,
+    *,
+    host: str,
+    port: int,
+    adapter_paths: Mapping[str, str] | None = None,
+) -> list[str]:
+    """The server arguments (everything after the program name) for one profile.
+
+    `adapter_paths`: each LoRA adapter's name -> what vLLM loads (a built-in adapter's
+    directory, once built); an adapter not in it is passed as its profile writes it."""
     args = [
         *_option("model", model_path),
         *_option("served_model_name", profile.served_model_name),
@@ -144,6 +165,29 @@ def engine_args(profile: Profile, model_path: str, *, host: str, port: int) -> l
         limits = json.dumps(profile.limit_mm_per_prompt, separators=(",", ":"), sort_keys=True)
         args += _option("limit_mm_per_prompt", limits)
     args += _tool_and_reasoning_args(profile)
+    args += _lora_args(profile, adapter_paths or {})
+    return args
+
+
+def _lora_args(profile: Profile, adapter_paths: Mapping[str, str]) -> list[str]:
+    """LoRA on, its limits, and the adapters vLLM loads at start (served beside the base)."""
+    lora = profile.lora
+    if lora is None:
+        return []
+    args = [
+        engine_flag("enable_lora"),
+        *_option("max_loras", lora.max_loras),
+        *_option("max_lora_rank", lora.max_lora_rank),
+    ]
+    if lora.max_cpu_loras is not None:
+        args += _option("max_cpu_loras", lora.max_cpu_loras)
+    if lora.adapters:
+        args.append(engine_flag("lora_modules"))
+        for adapter in lora.adapters:
+            path = adapter_paths.get(adapter.name, adapter.path)
+            # vLLM reads `name=path` unless the item holds a comma; then only its JSON form.
+            item = {"name": adapter.name, "path": path}
+            args.append(f"{adapter.name}={path}" if "," not in path else json.dumps(item))
     return args
 
 
@@ -173,11 +217,16 @@ def _tool_and_reasoning_args(profile: Profile) -> list[str]:
 
 
 def render(
-    profile: Profile, model_path: str, *, host: str = "127.0.0.1", port: int = ENGINE_PORT
+    profile: Profile,
+    model_path: str,
+    *,
+    host: str = "127.0.0.1",
+    port: int = ENGINE_PORT,
+    adapter_paths: Mapping[str, str] | None = None,
 ) -> EngineCommand:
     """The full command that starts vLLM's OpenAI server for `profile`."""
     argv = [sys.executable, "-m", VLLM_SERVER_MODULE]
-    argv += engine_args(profile, model_path, host=host, port=port)
+    argv += engine_args(profile, model_path, host=host, port=port, adapter_paths=adapter_paths)
     return EngineCommand(argv=argv, env=engine_env(profile))
 
 

@@ -15,9 +15,11 @@ import vllm.entrypoints.launchers.cli_args as vllm_cli
 
 from serving import vllm_flags as flags
 from serving.profiles import Profile, load_all_profiles, load_profile
+from serving.profiles.lora import Lora, LoraAdapter
 from serving.vllm_flags import (
     BENCH_FLAGS,
     ENGINE_FLAGS,
+    LORA_RANKS,
     VLLM_SERVER_MODULE,
     BenchServe,
     bench_serve_args,
@@ -27,7 +29,7 @@ from serving.vllm_flags import (
     render,
 )
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]  # this file is tests/test_vllm_flags.py
 SOURCE_DIRS = ("serving", "loadtest", "bench")
 FLAG = re.compile(r"(?<![\w-])--[a-z0-9][a-z0-9-]*")
 # Our own commands' flags that share a name with one of vLLM's but mean our own thing:
@@ -75,6 +77,73 @@ def test_profile_flags_are_accepted_by_vllm(profile: Profile) -> None:
     assert built.limit_mm_per_prompt == profile.limit_mm_per_prompt
     if profile.device == "gpu":
         assert built.gpu_memory_utilization == profile.gpu_memory_utilization
+    assert bool(built.enable_lora) == (profile.lora is not None)
+
+
+def lora_config_from(namespace: argparse.Namespace) -> Any:
+    """vLLM's LoRAConfig as EngineArgs.create_engine_config builds it (its checks run)."""
+    from vllm.config.lora import LoRAConfig
+
+    built = engine_args_from(namespace)
+    return LoRAConfig(
+        max_lora_rank=built.max_lora_rank,
+        max_loras=built.max_loras,
+        max_cpu_loras=built.max_cpu_loras,
+    )
+
+
+@pytest.mark.parametrize("profile", [p for p in load_all_profiles() if p.lora], ids=str)
+def test_lora_profiles_reach_vllms_lora_config(profile: Profile) -> None:
+    from vllm.entrypoints.openai.models.protocol import LoRAModulePath
+
+    assert profile.lora is not None
+    resolved = {adapter.name: f"/models/{adapter.name}" for adapter in profile.lora.adapters}
+    args = engine_args(profile, "m", host="127.0.0.1", port=8001, adapter_paths=resolved)
+    namespace = parse_with_vllm(args)
+    config = lora_config_from(namespace)
+    assert (config.max_loras, config.max_lora_rank) == (
+        profile.lora.max_loras,
+        profile.lora.max_lora_rank,
+    )
+    assert config.max_cpu_loras == (profile.lora.max_cpu_loras or profile.lora.max_loras)
+    assert namespace.lora_modules == [LoRAModulePath(name, path) for name, path in resolved.items()]
+    # Each adapter fits a slot: vLLM refuses a rank above max_lora_rank when it loads one.
+    assert all(a.rank <= profile.lora.max_lora_rank for a in profile.lora.adapters)
+
+
+def test_lora_ranks_are_vllms() -> None:
+    import typing
+
+    from vllm.config.lora import MaxLoRARanks
+
+    assert typing.get_args(MaxLoRARanks) == LORA_RANKS
+
+
+def test_vllm_refuses_what_the_lora_section_refuses() -> None:
+    """The profile's LoRA rules are vLLM's: its parser and LoRAConfig refuse the same values."""
+    profile = load_profile("cpu-tiny-lora")
+    args = engine_args(profile, "m", host="127.0.0.1", port=8001)
+    wrong_rank = [*args]
+    wrong_rank[wrong_rank.index(engine_flag("max_lora_rank")) + 1] = "7"
+    with pytest.raises(SystemExit):
+        parse_with_vllm(wrong_rank)
+    too_few = [*args, engine_flag("max_cpu_loras"), "1"]
+    with pytest.raises(ValueError, match="max_cpu_loras"):
+        lora_config_from(parse_with_vllm(too_few))
+
+
+def test_adapters_render_as_written_until_resolved() -> None:
+    profile = load_profile("cpu-tiny-lora")
+    args = engine_args(profile, "m", host="127.0.0.1", port=8001)
+    modules = args[args.index(engine_flag("lora_modules")) + 1 :]
+    assert modules == ["team-a=builtin:qwen3-tiny-lora"]
+    resolved = engine_args(
+        profile, "m", host="127.0.0.1", port=8001, adapter_paths={"team-a": "/m/lora"}
+    )
+    assert resolved[-1] == "team-a=/m/lora"
+    assert engine_flag("enable_lora") not in engine_args(
+        load_profile("cpu-tiny"), "m", host="127.0.0.1", port=8001
+    )
 
 
 def validate_like_the_server(namespace: argparse.Namespace) -> Any:
@@ -183,6 +252,16 @@ def test_every_engine_flag_is_one_vllms_server_takes() -> None:
             "kv_cache_memory_bytes": 9 << 20,
             "limit_mm_per_prompt": {"image": 4, "video": 0},
             "tool_strict_level": "parameter",
+            "lora": Lora(
+                max_loras=4,
+                max_lora_rank=16,
+                max_cpu_loras=8,
+                adapters=(
+                    LoraAdapter(name="a", path="/lora/a", rank=8),
+                    # A comma: only the JSON form of --lora-modules keeps this path whole.
+                    LoraAdapter(name="b", path="/lora/b,c", rank=16),
+                ),
+            ),
         }
     )
     args = [*engine_args(profile, "m", host="127.0.0.1", port=8001)]
@@ -193,6 +272,10 @@ def test_every_engine_flag_is_one_vllms_server_takes() -> None:
     expected.update(host="127.0.0.1", port=8001, kv_offloading_size=2.0)
     expected["served_model_name"] = [profile.served_model_name]  # vLLM's takes several
     expected["structured_outputs_config"] = profile.structured_outputs.model_dump()
+    expected.update(enable_lora=True, max_loras=4, max_lora_rank=16, max_cpu_loras=8)
+    from vllm.entrypoints.openai.models.protocol import LoRAModulePath
+
+    expected["lora_modules"] = [LoRAModulePath("a", "/lora/a"), LoRAModulePath("b", "/lora/b,c")]
     for name in ENGINE_FLAGS:
         dest = {
             "kv_offloading_size_gib": "kv_offloading_size",

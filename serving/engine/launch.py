@@ -1,4 +1,5 @@
-"""Build the supervised engine for a profile: resolve the model, render flags, pick a log."""
+"""Build the supervised engine for a profile: resolve the model and its LoRA adapters, render
+flags, pick a log."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from serving.engine.launcher_metrics import LauncherMetrics
 from serving.engine.preflight import preflight
 from serving.engine.process import EngineProcess, stderr_progress
 from serving.engine.ray_cluster import RayNodeProcess
-from serving.engine.resolve import resolve_model
+from serving.engine.resolve import resolve_adapters, resolve_model
 from serving.engine.supervisor import RestartPolicy, Supervisor
 from serving.paths import logs_dir
 from serving.profiles.model import Profile
@@ -36,8 +37,9 @@ def build_supervisor(
     """`ray_head`: a Ray cluster head this launcher runs for vLLM (`serving engine --ray-head`):
     started before vLLM and again before a restart if it died, stopped after vLLM."""
     model_path = resolve_model(profile)
-    preflight(profile, model_path)
-    command = render(profile, model_path, host=host, port=port)
+    adapters = resolve_adapters(profile)
+    preflight(profile, model_path, adapters=adapters)
+    command = render(profile, model_path, host=host, port=port, adapter_paths=adapters)
     if ray_head is not None:
         ray_env = {"RAY_ADDRESS": ray_head.node.cluster_address()}
         command = EngineCommand(argv=command.argv, env={**command.env, **ray_env})

@@ -3,6 +3,8 @@
 `serving model tiny [--out DIR] [--force] [--steps N]` builds (or finds cached) the embedded
 Qwen3 model and prints its directory on stdout, so `$(serving model tiny)` works in scripts.
 `serving model tiny-vl [--out DIR] [--force]` does the same for the tiny Qwen2.5-VL model.
+`serving model tiny-lora [--out DIR] [--force]` builds the tiny model's LoRA adapter (PEFT
+layout; the profile cpu-tiny-lora serves it as team-a) and prints its directory.
 `serving model awq [--model DIR] [--out DIR] [--group-size 128] [--calibration FILE ...]`
 quantizes a Qwen2/Qwen3 checkpoint to AWQ 4-bit (the tiny model when --model is not given)
 and prints the output directory.
@@ -61,6 +63,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     tiny_vl.add_argument("--force", action="store_true", help="rebuild even if a build is cached")
     tiny_vl.set_defaults(_model_run=_run_tiny_vl)
+    tiny_lora = kinds.add_parser(
+        "tiny-lora",
+        help="build the tiny model's LoRA adapter (answers every chat with a fixed sentence)",
+        description=(
+            "Train rank-8 LoRA factors on the tiny Qwen3 model (built first if needed), "
+            "deterministically, so that it answers every chat with a fixed sentence, and save "
+            "them as a PEFT adapter vLLM loads. A build with the same inputs is reused."
+        ),
+    )
+    tiny_lora.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="directory to build into (default: $SERVING_HOME/models/qwen3-tiny-lora)",
+    )
+    tiny_lora.add_argument("--force", action="store_true", help="rebuild even if a build is cached")
+    tiny_lora.set_defaults(_model_run=_run_tiny_lora)
     awq = kinds.add_parser(
         "awq",
         help="quantize a Qwen2/Qwen3 checkpoint to AWQ 4-bit (cached)",
@@ -125,6 +145,13 @@ def _run_tiny_vl(args: argparse.Namespace) -> int:
     from serving.models.tiny_vl_model import ensure_tiny_vl_model
 
     print(ensure_tiny_vl_model(args.out, force=args.force))
+    return 0
+
+
+def _run_tiny_lora(args: argparse.Namespace) -> int:
+    from serving.models.tiny_lora import ensure_tiny_lora
+
+    print(ensure_tiny_lora(args.out, force=args.force))
     return 0
 
 

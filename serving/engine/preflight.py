@@ -8,6 +8,7 @@ user on the wrong machine needs to hear them: GPUs, then weights, then memory.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -73,6 +74,28 @@ def check_weights(model_path: str, env: Mapping[str, str], warn: Warn = print) -
     warn(f"preflight: {model_path} is not in the local cache ({where}); vLLM will download it")
 
 
+def check_adapters(
+    profile: Profile, adapters: Mapping[str, str], env: Mapping[str, str], warn: Warn = print
+) -> None:
+    """Raise if an adapter's files contradict its profile entry (a rank vLLM would refuse
+    minutes later) or a hub adapter is not cached while the hub is off."""
+    for adapter in profile.lora.adapters if profile.lora else ():
+        path = adapters.get(adapter.name, adapter.path)
+        config = Path(path).expanduser() / "adapter_config.json"
+        if not config.is_file():
+            check_weights(path, env, warn)
+            continue
+        try:
+            rank = json.loads(config.read_text(encoding="utf-8")).get("r")
+        except (OSError, ValueError, AttributeError) as exc:
+            raise ServingError(f"adapter {adapter.name}: cannot read {config} ({exc})") from None
+        if rank != adapter.rank:
+            raise ServingError(
+                f"profile {profile.name}: adapter {adapter.name}: {config} says r={rank}, "
+                f"the profile says rank {adapter.rank}"
+            )
+
+
 def plan_profile(profile: Profile, model_path: str) -> Plan | None:
     """The memory plan for `profile`, or None when the planner knows nothing of the model."""
     try:
@@ -90,12 +113,15 @@ def preflight(
     *,
     env: Mapping[str, str] | None = None,
     gpus: GpuCounter = visible_gpus,
+    adapters: Mapping[str, str] | None = None,
 ) -> Plan | None:
     """Raise a one-line ServingError naming why `profile` cannot start here; None if the
-    memory is not plannable. `env` defaults to the engine's; `gpus` counts visible GPUs."""
+    memory is not plannable. `env` defaults to the engine's; `gpus` counts visible GPUs;
+    `adapters` are the LoRA adapters' resolved paths (engine.resolve.resolve_adapters)."""
     env = process_env(profile) if env is None else env
     check_gpus(profile, env, gpus)
     check_weights(model_path, env, warn)
+    check_adapters(profile, adapters or {}, env, warn)
     plan = plan_profile(profile, model_path)
     if plan is None:
         warn(f"planner: no spec for {profile.model}; memory not checked before start")

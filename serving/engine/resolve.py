@@ -1,4 +1,8 @@
-"""Turn a profile's `model` into something vLLM can load: a built-in model is built on demand."""
+"""Turn a profile's `model` and LoRA adapters into what vLLM loads: built-ins are built on demand.
+
+model_path = resolve_model(profile)        # a directory or a hub name
+adapters = resolve_adapters(profile)       # {"team-a": "/.../models/qwen3-tiny-lora"}
+"""
 
 from __future__ import annotations
 
@@ -35,6 +39,18 @@ BUILTIN_MODELS: dict[str, Callable[[], Path]] = {
 }
 
 
+def _tiny_lora() -> Path:
+    from serving.models.tiny_lora import ensure_tiny_lora
+
+    return ensure_tiny_lora()
+
+
+# Built-in adapter name (`path: builtin:NAME`) -> builder returning its PEFT directory.
+BUILTIN_ADAPTERS: dict[str, Callable[[], Path]] = {
+    "qwen3-tiny-lora": _tiny_lora,
+}
+
+
 def resolve_model(profile: Profile) -> str:
     """A local directory or hub name for vLLM to serve (its `model` argument)."""
     name = profile.builtin_model
@@ -48,3 +64,24 @@ def resolve_model(profile: Profile) -> str:
             f"profile {profile.name}: field 'model': unknown builtin {name!r} (known: {known})"
         )
     return str(builder())
+
+
+def resolve_adapters(profile: Profile) -> dict[str, str]:
+    """Each LoRA adapter's name -> what vLLM loads: a built-in adapter's directory (built
+    first if needed), a local directory made absolute, else the hub id as written."""
+    resolved: dict[str, str] = {}
+    for index, adapter in enumerate(profile.lora.adapters if profile.lora else ()):
+        name = adapter.builtin
+        if name is None:
+            local = Path(adapter.path).expanduser()
+            resolved[adapter.name] = str(local.resolve()) if local.exists() else adapter.path
+            continue
+        builder = BUILTIN_ADAPTERS.get(name)
+        if builder is None:
+            known = ", ".join(sorted(BUILTIN_ADAPTERS))
+            raise ServingError(
+                f"profile {profile.name}: field 'lora.adapters.{index}.path': unknown builtin "
+                f"{name!r} (known: {known})"
+            )
+        resolved[adapter.name] = str(builder())
+    return resolved

@@ -189,8 +189,19 @@ def _engine_container(profile: Profile, sizing: EngineSizing) -> Manifest:
     }
 
 
+def _check_no_adapters(profile: Profile) -> None:
+    """LoRA adapters need their files in the pod, which no init container provides yet."""
+    if profile.lora is not None and profile.lora.adapters:
+        raise ServingError(
+            f"profile {profile.name}: field 'lora.adapters': LoRA adapters are not deployable "
+            "on Kubernetes yet (no init container fetches or builds them); serve them with "
+            "`serving up`"
+        )
+
+
 def engine_patch(profile: Profile) -> list[Manifest]:
     """The patch documents: Deployment `engine`, then PVC `model-cache`."""
+    _check_no_adapters(profile)
     init_containers = _init_containers(profile)  # first: a model no pod can get is the error
     sizing = engine_sizing(profile)
     pod: Manifest = {"terminationGracePeriodSeconds": GRACE_PERIOD_S}

@@ -7,7 +7,9 @@ that is not an earlier build (say `--out ~`) is never replaced.
 Usage:
     path = cached_build(target, fingerprint, build, name="qwen3-tiny", progress=Progress())
 where `build(partial_dir)` writes every file but build-info.json and returns the fields to
-record in it.
+record in it; a build that trains runs in a fresh interpreter:
+    record = run_child_build("serving.models.tiny_model", [out, params_json], num_threads=2,
+                             name="qwen3-tiny", progress=progress)
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import hashlib
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -25,6 +28,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TextIO
 
+import serving
 from serving.errors import ServingError
 
 BUILD_INFO = "build-info.json"
@@ -181,3 +185,57 @@ def _swap_into_place(partial: Path, target: Path) -> None:
     target.rename(retired)
     partial.rename(target)
     shutil.rmtree(retired, ignore_errors=True)
+
+
+def run_child_build(
+    module: str, args: list[str], *, num_threads: int, name: str, progress: Progress
+) -> dict[str, Any]:
+    """Run `module.build_main(args)` in a fresh interpreter, relay its progress, return its
+    record (the child prints `status TEXT`, `log TEXT` and one `result JSON` line).
+
+    A fresh process starts from the same torch state on every build (so the same bytes),
+    whatever the caller did to torch, and can set OpenMP to sleep instead of spin while it
+    waits: on a busy 2-core machine spinning threads made training ten times slower.
+    """
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS=str(num_threads),
+        OMP_WAIT_POLICY="PASSIVE",
+        PYTHONIOENCODING="utf-8",
+        TOKENIZERS_PARALLELISM="false",
+    )
+    # Appended, not prepended: finds this checkout when it is not installed, shadows nothing.
+    code = (
+        "import sys, importlib; sys.path.append(sys.argv[1]); "
+        "importlib.import_module(sys.argv[2]).build_main(sys.argv[3:])"
+    )
+    package_root = str(Path(serving.__file__).resolve().parent.parent)
+    command = [sys.executable, "-c", code, package_root, module, *args]
+    record: dict[str, Any] | None = None
+    with subprocess.Popen(
+        command, env=env, stdout=subprocess.PIPE, text=True, encoding="utf-8"
+    ) as child:
+        assert child.stdout is not None
+        try:
+            for message in child.stdout:
+                kind, _, text = message.rstrip("\n").partition(" ")
+                if kind == "result":
+                    record = json.loads(text)
+                else:
+                    progress.status(text, log=kind == "log")
+        except BaseException:
+            child.kill()
+            raise
+    if child.returncode != 0 or record is None:
+        raise ServingError(f"building {name} failed (exit {child.returncode}); see above")
+    return record
+
+
+def child_emit(text: str, log: bool) -> None:
+    """The child's side of run_child_build: a status line (kept in logs when `log`)."""
+    print("log" if log else "status", text, flush=True)
+
+
+def child_result(record: Mapping[str, Any]) -> None:
+    """The child's side of run_child_build: its record, last."""
+    print("result", json.dumps(record), flush=True)

@@ -19,23 +19,23 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import signal
-import subprocess
 import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import serving
 from serving.errors import ServingError
 from serving.models import tiny_tokenizer as tt
 from serving.models.cached_build import (
     Progress,
     build_record,
     cached_build,
+    child_emit,
+    child_result,
     inputs_fingerprint,
+    run_child_build,
     write_json,
 )
 from serving.models.chat_template import ADDED_TOKENS
@@ -120,59 +120,25 @@ def ensure_tiny_model(
 
 
 def _run_build(out_dir: Path, params: TinyModelParams, report: Progress) -> dict[str, Any]:
-    """Train in a fresh interpreter and relay its progress; return its training record.
-
-    A fresh process starts from the same torch state on every build (so the same bytes),
-    whatever the caller did to torch, and can set OpenMP to sleep instead of spin while it
-    waits: on a busy 2-core machine spinning threads made training ten times slower.
-    """
-    env = dict(
-        os.environ,
-        OMP_NUM_THREADS=str(params.num_threads),
-        OMP_WAIT_POLICY="PASSIVE",
-        PYTHONIOENCODING="utf-8",
-        TOKENIZERS_PARALLELISM="false",
+    """Train in a fresh interpreter (cached_build.run_child_build says why); its record."""
+    return run_child_build(
+        __name__,
+        [str(out_dir), json.dumps(asdict(params))],
+        num_threads=params.num_threads,
+        name=MODEL_NAME,
+        progress=report,
     )
-    # Appended, not prepended: finds this checkout when it is not installed, shadows nothing.
-    code = (
-        "import sys; sys.path.append(sys.argv[1]); "
-        "from serving.models.tiny_model import build_main; build_main(sys.argv[2:])"
-    )
-    package_root = str(Path(serving.__file__).resolve().parent.parent)
-    command = [sys.executable, "-c", code, package_root, str(out_dir), json.dumps(asdict(params))]
-    record: dict[str, Any] | None = None
-    with subprocess.Popen(
-        command, env=env, stdout=subprocess.PIPE, text=True, encoding="utf-8"
-    ) as child:
-        assert child.stdout is not None
-        try:
-            for message in child.stdout:
-                kind, _, text = message.rstrip("\n").partition(" ")
-                if kind == "result":
-                    record = json.loads(text)
-                else:
-                    report.status(text, log=kind == "log")
-        except BaseException:
-            child.kill()
-            raise
-    if child.returncode != 0 or record is None:
-        raise ServingError(f"building {MODEL_NAME} failed (exit {child.returncode}); see above")
-    return record
 
 
 def build_main(argv: list[str]) -> None:
     """The child's side of `_run_build`: build into argv[0] with the params JSON in argv[1]."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches both; the parent kills us
     out_dir, params = Path(argv[0]), TinyModelParams(**json.loads(argv[1]))
-
-    def emit(text: str, log: bool) -> None:
-        print("log" if log else "status", text, flush=True)
-
     try:
-        record = _build(out_dir, params, tt.read_corpus(), emit)
+        record = _build(out_dir, params, tt.read_corpus(), child_emit)
     except ServingError as exc:
         sys.exit(f"{MODEL_NAME}: {exc}")
-    print("result", json.dumps(record), flush=True)
+    child_result(record)
 
 
 def padded_vocab_size(tokens: int) -> int:

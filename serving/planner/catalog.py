@@ -65,7 +65,7 @@ QWEN25_72B_AWQ = replace(
 QWEN3_8B = ModelSpec(
     name="Qwen3-8B",
     layers=36, hidden=4096, heads=32, kv_heads=8, head_dim=128, intermediate=12288,
-    vocab=151936, tied_embeddings=False, max_positions=40960, qk_norm=True,
+    vocab=151936, tied_embeddings=False, max_positions=40960, qk_norm=True, lora_embeddings=True,
 )  # fmt: skip
 
 # Qwen/Qwen3-14B config.json: num_hidden_layers 40, hidden_size 5120, num_attention_heads 40,
@@ -74,7 +74,7 @@ QWEN3_8B = ModelSpec(
 QWEN3_14B = ModelSpec(
     name="Qwen3-14B",
     layers=40, hidden=5120, heads=40, kv_heads=8, head_dim=128, intermediate=17408,
-    vocab=151936, tied_embeddings=False, max_positions=40960, qk_norm=True,
+    vocab=151936, tied_embeddings=False, max_positions=40960, qk_norm=True, lora_embeddings=True,
 )  # fmt: skip
 
 # Qwen/Qwen3-32B config.json: num_hidden_layers 64, hidden_size 5120, num_attention_heads 64,
@@ -83,7 +83,7 @@ QWEN3_14B = ModelSpec(
 QWEN3_32B = ModelSpec(
     name="Qwen3-32B",
     layers=64, hidden=5120, heads=64, kv_heads=8, head_dim=128, intermediate=25600,
-    vocab=151936, tied_embeddings=False, max_positions=40960, qk_norm=True,
+    vocab=151936, tied_embeddings=False, max_positions=40960, qk_norm=True, lora_embeddings=True,
 )  # fmt: skip
 
 # Qwen/Qwen3.5-9B config.json `text_config` (model card: 32 layers = 8 x (3 Gated DeltaNet +
@@ -101,7 +101,7 @@ QWEN35_9B = ModelSpec(
     name="Qwen3.5-9B",
     layers=32, hidden=4096, heads=16, kv_heads=4, head_dim=256, intermediate=12288,
     vocab=248320, tied_embeddings=False, max_positions=262144,
-    qk_norm=True, attention_output_gate=True,
+    qk_norm=True, lora_embeddings=True, attention_output_gate=True,
     layer_types=hybrid_layer_types(32, 4),
     linear=GatedDeltaNetSpec(
         key_heads=16, value_heads=32, key_head_dim=128, value_head_dim=128, conv_kernel=4,
@@ -124,7 +124,7 @@ QWEN35_27B = ModelSpec(
     name="Qwen3.5-27B",
     layers=64, hidden=5120, heads=24, kv_heads=4, head_dim=256, intermediate=17408,
     vocab=248320, tied_embeddings=False, max_positions=262144,
-    qk_norm=True, attention_output_gate=True,
+    qk_norm=True, lora_embeddings=True, attention_output_gate=True,
     layer_types=hybrid_layer_types(64, 4),
     linear=GatedDeltaNetSpec(
         key_heads=16, value_heads=48, key_head_dim=128, value_head_dim=128, conv_kernel=4,

@@ -93,6 +93,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help=f"plan without the vision encoder (vLLM {language_model_only})",
     )
+    _engine_argument(
+        parser, "enable_lora", action="store_true", help="plan vLLM's LoRA adapter buffers"
+    )
+    _engine_argument(
+        parser, "max_loras", type=int, help="LoRA adapters in one batch (implies LoRA on)"
+    )
+    _engine_argument(parser, "max_lora_rank", type=int, help="largest LoRA rank (implies LoRA on)")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
 
 
@@ -119,7 +126,11 @@ def _with_flags(settings: PlanSettings, args: argparse.Namespace) -> PlanSetting
         "block_size": args.block_size,
         "prefix_caching": False if args.no_prefix_caching else None,
         "language_model_only": True if args.language_model_only else None,
+        "max_loras": args.max_loras,
+        "max_lora_rank": args.max_lora_rank,
     }
+    lora_flags = args.enable_lora or args.max_loras is not None or args.max_lora_rank is not None
+    overrides["enable_lora"] = True if lora_flags else None
     changed = {key: value for key, value in overrides.items() if value is not None}
     return replace(settings, **changed)
 

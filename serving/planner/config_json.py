@@ -205,6 +205,7 @@ def spec_from_config(
         max_positions=text.integer("max_position_embeddings"),
         attention_bias=text.flag("attention_bias", model_type in _QWEN2_TYPES),
         qk_norm=model_type.startswith("qwen3"),
+        lora_embeddings=model_type.startswith("qwen3"),
         attention_output_gate=text.flag("attn_output_gate", gated_default),
         layer_types=layer_types,
         linear=_linear_spec(text) if layer_types else None,

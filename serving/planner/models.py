@@ -77,6 +77,9 @@ class ModelSpec:
     attention_bias: bool = False  # Qwen2: q/k/v projections carry a bias
     qk_norm: bool = False  # Qwen3 and later: RMSNorm over q and k per head
     attention_output_gate: bool = False  # Qwen3-Next/3.5: q_proj also emits a sigmoid gate
+    # vLLM's class names the embedding and the LM head LoRA modules (its `embedding_modules`:
+    # the Qwen3 families do, Qwen2's do not), so LoRA adds buffers for them (planner/lora.py).
+    lora_embeddings: bool = False
     # One entry per layer; empty means every layer is full attention.
     layer_types: tuple[LayerKind, ...] = ()
     linear: GatedDeltaNetSpec | None = None

@@ -4,9 +4,10 @@
                     PlanSettings(tensor_parallel_size=4, max_model_len=32768))
 
 GPU budget, as vLLM computes it: usable = total x gpu_memory_utilization; KV space = usable -
-weights - activation peak (profiling, estimated) - non-torch memory - CUDA graph memory (both
-estimated). On the CPU engine the KV space is given (VLLM_CPU_KVCACHE_SPACE) and the weights
-live in host memory outside it.
+weights - LoRA buffers (with LoRA on, `planner/lora.py`) - activation peak (profiling,
+estimated) - non-torch memory - CUDA graph memory (both estimated). On the CPU engine the KV
+space is given (VLLM_CPU_KVCACHE_SPACE) and the weights and LoRA buffers live in host memory
+outside it.
 
 With pipeline parallelism every stage is planned on its own GPU (`stages`): the per-GPU
 numbers of the plan are those of the stage with the least KV space, which binds the replica.
@@ -15,7 +16,7 @@ numbers of the plan are those of the stage with the least KV space, which binds 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from serving.planner.activations import (
     CUDA_GRAPH_BYTES,
@@ -34,6 +35,7 @@ from serving.planner.kv import (
     kv_layout,
     sequence_fit,
 )
+from serving.planner.lora import LoraBytes, lora_bytes, unplanned
 from serving.planner.models import ModelSpec
 from serving.planner.precision import is_fp8, kv_dtype_bytes, model_dtype_bytes
 from serving.planner.settings import PlanSettings, resolve
@@ -52,7 +54,7 @@ from serving.planner.weights import (
 class Problem:
     """Why a plan does not fit: a short code and one line for people."""
 
-    code: str  # context | awq_shape | weights | memory | kv
+    code: str  # context | awq_shape | weights | lora | memory | kv
     message: str
 
 
@@ -94,6 +96,8 @@ class Plan:
     warnings: tuple[str, ...] = ()  # the plan fits, but something else will stop it
     stages: tuple[StageMemory, ...] = ()  # one per pipeline stage
     binding_stage: int = 0  # the stage with the fewest KV blocks
+    # Per GPU of the binding stage; zero with LoRA off.
+    lora: LoraBytes = field(default_factory=LoraBytes)
 
     @property
     def nodes(self) -> int:
@@ -132,6 +136,7 @@ def _problems(plan: Plan, spec: ModelSpec) -> tuple[Problem, ...]:
         shape = awq_shape_problem(spec, s.tensor_parallel_size, s.awq_group_size)
         if shape:
             found.append(Problem("awq_shape", shape))
+    lora = plan.lora.total
     if not plan.gpu.is_cpu:
         if plan.weights.total > plan.usable_bytes:
             found.append(
@@ -141,24 +146,38 @@ def _problems(plan: Plan, spec: ModelSpec) -> tuple[Problem, ...]:
                     f"{s.gpu_memory_utilization:g} x memory is {plan.usable_bytes / GiB:.2f} GiB",
                 )
             )
+        elif plan.weights.total + lora > plan.usable_bytes:
+            found.append(Problem("lora", f"{_lora_buffers(plan)} do not fit beside the weights"))
         elif plan.kv_available_bytes <= 0:
-            found.append(
-                Problem(
-                    "memory",
-                    "weights + activations + overheads leave no memory for the KV cache",
-                )
-            )
+            memory = "weights + activations + overheads leave no memory for the KV cache"
+            if plan.kv_available_bytes + lora > 0:
+                memory = f"{_lora_buffers(plan)} take the memory the KV cache would have had"
+            found.append(Problem("memory", memory))
     need = plan.layout.bytes_per_sequence(s.max_model_len)
     if plan.kv_available_bytes > 0 and plan.kv_available_bytes < need:
-        found.append(
-            Problem(
-                "kv",
-                f"one sequence of {s.max_model_len} tokens needs {need / GiB:.2f} GiB of KV "
-                f"cache per {'rank' if plan.gpu.is_cpu else 'GPU'}, "
-                f"{plan.kv_available_bytes / GiB:.2f} GiB is available",
-            )
+        kv = (
+            f"one sequence of {s.max_model_len} tokens needs {need / GiB:.2f} GiB of KV "
+            f"cache per {'rank' if plan.gpu.is_cpu else 'GPU'}, "
+            f"{plan.kv_available_bytes / GiB:.2f} GiB is available"
         )
+        if not plan.gpu.is_cpu and plan.kv_available_bytes + lora >= need:
+            kv += f": {_lora_buffers(plan)} take the rest"
+        found.append(Problem("kv", kv))
     return tuple(found)
+
+
+def _lora_buffers(plan: Plan) -> str:
+    """'the LoRA buffers (max_loras 4 x rank 64: 1.23 GiB per GPU)', for problem messages."""
+    s = plan.settings
+    return (
+        f"the LoRA buffers (max_loras {s.max_loras} x rank {s.max_lora_rank}: "
+        f"{plan.lora.total / GiB:.2f} GiB per GPU)"
+    )
+
+
+def _notes(spec: ModelSpec, settings: PlanSettings) -> tuple[str, ...]:
+    reason = unplanned(spec) if settings.enable_lora else None
+    return (*spec.notes, *([reason] if reason else []))
 
 
 def _warnings(gpu: GpuSpec, settings: PlanSettings) -> tuple[str, ...]:
@@ -188,6 +207,7 @@ class _Stage:
     weights: WeightBytes
     layout: KvLayout
     capacity: KvCapacity
+    lora: LoraBytes
 
 
 def _stage(
@@ -203,6 +223,17 @@ def _stage(
     weights = weight_bytes(
         part, tp, dtype_bytes=dtype_bytes, awq_group_size=awq, first_stage=first, last_stage=last
     )
+    lora = LoraBytes()
+    if s.enable_lora:
+        lora = lora_bytes(
+            part,
+            tp,
+            max_loras=s.max_loras,
+            max_lora_rank=s.max_lora_rank,
+            dtype_bytes=dtype_bytes,
+            first_stage=first,
+            last_stage=last,
+        )
     layout = kv_layout(
         part,
         tp,
@@ -230,7 +261,10 @@ def _stage(
             activation = with_vision_encoder(activation, part, s, dtype_bytes=dtype_bytes)
         usable = math.ceil(gpu.memory_bytes * s.gpu_memory_utilization)
         graphs = 0 if s.enforce_eager else CUDA_GRAPH_BYTES
-        available = usable - weights.total - activation - non_torch_bytes(tp * pp) - graphs
+        # vLLM allocates the LoRA buffers with the model, before it measures what is left.
+        available = (
+            usable - weights.total - lora.total - activation - non_torch_bytes(tp * pp) - graphs
+        )
     capacity = kv_capacity(layout, available, s.max_model_len)
     memory = StageMemory(
         index=index,
@@ -240,8 +274,11 @@ def _stage(
         activation_bytes=activation,
         kv_available_bytes=available,
         kv_blocks=capacity.num_blocks,
+        lora_bytes=lora.total,
     )
-    return _Stage(part=part, memory=memory, weights=weights, layout=layout, capacity=capacity)
+    return _Stage(
+        part=part, memory=memory, weights=weights, layout=layout, capacity=capacity, lora=lora
+    )
 
 
 def evaluate(spec: ModelSpec, gpu: GpuSpec, settings: PlanSettings) -> Plan:
@@ -304,10 +341,11 @@ def evaluate(spec: ModelSpec, gpu: GpuSpec, settings: PlanSettings) -> Plan:
         decode_tokens_s=_roofline(gpu, read),
         decode_tokens_s_full_context=_roofline(gpu, read + full_context),
         problems=(),
-        notes=spec.notes,
+        notes=_notes(spec, s),
         warnings=_warnings(gpu, s),
         stages=tuple(stage.memory for stage in stages),
         binding_stage=binding.memory.index,
+        lora=binding.lora,
     )
     return replace(plan, problems=_problems(plan, spec))
 

@@ -11,7 +11,7 @@ no checkpoint; `Profile` is only an annotation here, so importing this needs no 
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from serving.errors import ServingError
 from serving.paths import BUILTIN_PREFIX, models_dir
@@ -61,7 +61,19 @@ def profile_settings(profile: Profile) -> PlanSettings:
         prefix_caching=profile.enable_prefix_caching,
         enforce_eager=profile.enforce_eager,
         images_per_prompt=profile.limit_mm_per_prompt.get("image"),
+        **_lora_settings(profile),
     )
+
+
+def _lora_settings(profile: Profile) -> dict[str, Any]:
+    """The LoRA limits of a profile with a `lora` section; none (vLLM's defaults) without."""
+    if profile.lora is None:
+        return {}
+    return {
+        "enable_lora": True,
+        "max_loras": profile.lora.max_loras,
+        "max_lora_rank": profile.lora.max_lora_rank,
+    }
 
 
 def profile_spec(profile: Profile) -> ModelSpec:

@@ -60,6 +60,7 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
                 "activation_bytes_estimate": stage.activation_bytes,
                 "kv_cache_bytes": stage.kv_available_bytes,
                 "num_blocks": stage.kv_blocks,
+                "lora_bytes": stage.lora_bytes,
             }
             for stage in plan.stages
         ],
@@ -67,6 +68,8 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
             "usable_bytes": plan.usable_bytes,
             "weight_bytes": plan.weights.total,
             "weights": asdict(plan.weights),
+            "lora_bytes": plan.lora.total,
+            "lora": asdict(plan.lora),
             "activation_bytes_estimate": plan.activation_bytes,
             "non_torch_bytes_estimate": plan.non_torch_bytes,
             "cuda_graph_bytes_estimate": plan.cuda_graph_bytes,
@@ -151,6 +154,15 @@ def _row(label: str, value: str) -> str:
     return f"  {label:<42}{value}"
 
 
+def _lora(plan: Plan, where: str) -> list[str]:
+    """The LoRA buffers' row, when LoRA is on."""
+    s = plan.settings
+    if not s.enable_lora:
+        return []
+    label = f"LoRA buffers ({s.max_loras} x rank {s.max_lora_rank}{where})"
+    return [_row(label, _gib(plan.lora.total))]
+
+
 def _memory(plan: Plan) -> list[str]:
     s = plan.settings
     if plan.gpu.is_cpu:
@@ -158,6 +170,7 @@ def _memory(plan: Plan) -> list[str]:
             "",
             _row("Per rank (host memory)", "     GiB"),
             _row("weights (outside the KV space)", _gib(plan.weights.total)),
+            *_lora(plan, ", outside it"),
             _row("KV cache space (VLLM_CPU_KVCACHE_SPACE)", _gib(plan.kv_available_bytes)),
         ]
     return [
@@ -169,6 +182,7 @@ def _memory(plan: Plan) -> list[str]:
         _row("memory seen by CUDA", _gib(plan.gpu.memory_bytes)),
         _row(f"usable (x {s.gpu_memory_utilization:g})", _gib(plan.usable_bytes)),
         _row("weights", _gib(plan.weights.total)),
+        *_lora(plan, ""),
         _row("activation peak (estimate)", _gib(plan.activation_bytes)),
         _row("non-torch memory (estimate)", _gib(plan.non_torch_bytes)),
         _row("CUDA graphs (estimate)", _gib(plan.cuda_graph_bytes)),

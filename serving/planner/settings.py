@@ -17,7 +17,13 @@ from serving.planner.gpus import GiB, GpuSpec
 from serving.planner.kv import CPU_BLOCK_SIZE, GPU_BLOCK_SIZE
 from serving.planner.models import ModelSpec
 from serving.planner.precision import check_quantization, kv_dtype_bytes, model_dtype_bytes
-from serving.vllm_flags import DEFAULT_GPU_MEMORY_UTILIZATION, engine_flag
+from serving.vllm_flags import (
+    DEFAULT_GPU_MEMORY_UTILIZATION,
+    DEFAULT_MAX_LORA_RANK,
+    DEFAULT_MAX_LORAS,
+    LORA_RANKS,
+    engine_flag,
+)
 
 CPU_KV_SPACE_GIB = 4.0  # vLLM's documented default for VLLM_CPU_KVCACHE_SPACE
 
@@ -42,6 +48,10 @@ class PlanSettings:
     enforce_eager: bool = False  # no CUDA graphs, so no graph memory
     language_model_only: bool = False  # vLLM's language_model_only: no vision encoder loaded
     images_per_prompt: int | None = None  # limit_mm_per_prompt's image; None: vLLM's 999
+    # LoRA on: vLLM preallocates max_loras adapter slots of max_lora_rank (planner/lora.py).
+    enable_lora: bool = False
+    max_loras: int = DEFAULT_MAX_LORAS
+    max_lora_rank: int = DEFAULT_MAX_LORA_RANK
 
 
 def _batch_defaults(gpu: GpuSpec, tp: int) -> tuple[int, int]:
@@ -86,6 +96,17 @@ def _check_pp(spec: ModelSpec, pp: int) -> None:
         raise ServingError(f"--pp: {pp} stages exceed the {spec.layers} layers of {spec.name}")
 
 
+def _check_lora(settings: PlanSettings) -> None:
+    if settings.max_loras < 1:
+        raise ServingError(f"{engine_flag('max_loras')}: must be >= 1, got {settings.max_loras}")
+    if settings.max_lora_rank not in LORA_RANKS:
+        ranks = ", ".join(map(str, LORA_RANKS))
+        raise ServingError(
+            f"{engine_flag('max_lora_rank')}: {settings.max_lora_rank} is not one of vLLM's "
+            f"({ranks})"
+        )
+
+
 def resolve(spec: ModelSpec, gpu: GpuSpec, settings: PlanSettings) -> PlanSettings:
     """Check every value (ServingError naming the flag) and fill in vLLM's defaults."""
     tp = settings.tensor_parallel_size
@@ -109,6 +130,7 @@ def resolve(spec: ModelSpec, gpu: GpuSpec, settings: PlanSettings) -> PlanSettin
         (settings.gpus_per_node, "--gpus-per-node"),
     ):
         _positive(value, flag)
+    _check_lora(settings)
     utilization = settings.gpu_memory_utilization
     if not 0 < utilization <= 1:
         flag = engine_flag("gpu_memory_utilization")

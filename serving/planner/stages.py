@@ -56,6 +56,7 @@ class StageMemory:
     activation_bytes: int
     kv_available_bytes: int
     kv_blocks: int
+    lora_bytes: int = 0  # LoRA buffers (planner/lora.py); 0 with LoRA off
 
     @property
     def layers(self) -> int:

@@ -1,6 +1,7 @@
 """Single changes to try on a plan that does not fit, cheapest first.
 
-Order: fp8 KV cache (free, small quality cost), a shorter max_model_len, AWQ int4 weights,
+Order: fp8 KV cache (free, small quality cost), one LoRA adapter per batch (when LoRA is on
+with several), a shorter max_model_len, AWQ int4 weights,
 more tensor parallelism (next powers of two that divide the heads; within one node when the
 plan names its GPUs per node), more pipeline stages (more nodes), a bigger GPU. On the CPU
 engine a bigger VLLM_CPU_KVCACHE_SPACE replaces the bigger GPU. `plan.plan_for` evaluates
@@ -49,6 +50,9 @@ def candidate_changes(spec: ModelSpec, gpu: GpuSpec, settings: PlanSettings) -> 
     if not is_fp8(settings.kv_cache_dtype) and fp8_runs:
         change = f"{engine_flag('kv_cache_dtype')} fp8"
         yield change, gpu, replace(settings, kv_cache_dtype="fp8")
+    if settings.enable_lora and settings.max_loras > 1:
+        # Fewer adapters in one batch: the LoRA buffers shrink in proportion.
+        yield f"{engine_flag('max_loras')} 1", gpu, replace(settings, max_loras=1)
     current = settings.max_model_len or spec.max_positions
     for length in _shorter_contexts(spec, current):
         change = f"{engine_flag('max_model_len')} {length}"

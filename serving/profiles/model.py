@@ -11,6 +11,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
 
 from serving.paths import BUILTIN_PREFIX
+from serving.profiles.lora import Lora
 from serving.vllm_flags import DEFAULT_GPU_MEMORY_UTILIZATION
 
 # A model reference of this form names a model the project builds itself.
@@ -97,6 +98,8 @@ class Profile(BaseModel):
     structured_outputs: StructuredOutputs = Field(default_factory=StructuredOutputs)
     # Chat template arguments every request gets unless it sets its own (enable_thinking).
     default_chat_template_kwargs: dict[str, JsonValue] = Field(default_factory=dict)
+    # LoRA adapters served beside the base model, and vLLM's limits for them (profiles/lora.py).
+    lora: Lora | None = None
     env: dict[str, str] = Field(default_factory=dict)
 
     @model_validator(mode="after")
@@ -131,6 +134,17 @@ class Profile(BaseModel):
                 # vLLM's CPU platform lets the variable win over the flag: one size only.
                 raise ValueError(
                     "set kv_cache_memory_bytes or env VLLM_CPU_KVCACHE_SPACE, not both"
+                )
+        return self
+
+    @model_validator(mode="after")
+    def _adapter_names(self) -> Profile:
+        for adapter in self.lora.adapters if self.lora else ():
+            if adapter.name == self.served_model_name:
+                # vLLM would answer that name with the base model or the adapter, not both.
+                raise ValueError(
+                    f"lora.adapters: {adapter.name!r} is the served_model_name; name the "
+                    "adapter differently"
                 )
         return self
 

@@ -202,3 +202,9 @@ def test_rendered_file_is_deterministic_yaml_with_its_origin_first(profile: Prof
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
     assert all(isinstance(arg, str) for arg in args)
     assert args[args.index(engine_flag("port")) + 1] == str(ENGINE_PORT)
+
+
+def test_a_profile_with_lora_adapters_is_refused_naming_the_field() -> None:
+    # No init container fetches or builds adapters yet: a pod would start without their files.
+    with pytest.raises(ServingError, match=r"field 'lora\.adapters': LoRA adapters are not dep"):
+        engine_patch(load_profile("cpu-tiny-lora"))
