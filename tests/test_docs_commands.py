@@ -71,6 +71,42 @@ COMMANDS: dict[str, dict[str, Verdict]] = {
             "test_readme_quickstart.py makes the same call with the key it created"
         ),
     },
+    "docs/adapters.md": {
+        ".venv/bin/serving engine --profile cpu-tiny-lora --dry-run": Runs(
+            "tests/engine/test_adapters.py", '"engine", "--profile", "cpu-tiny-lora", "--dry-run"'
+        ),
+        ".venv/bin/serving engine --profile cpu-tiny-lora --port 8001": SERVER,
+        "curl -s http://127.0.0.1:8001/v1/models": Runs(
+            "tests/integration/test_lora.py", "/v1/models"
+        ),
+        "curl -s http://127.0.0.1:8001/v1/chat/completions -H 'Content-Type: application/json' "
+        '-d \'{"model": "team-a", "messages": [{"role": "user", "content": '
+        '"What is your name?"}]}\'': (
+            Runs("tests/integration/test_lora.py", "greedy(client, ADAPTER, chat)")
+        ),
+        ".venv/bin/serving plan --profile cpu-tiny-lora": Parsed("tests/planner/test_lora.py"),
+        ".venv/bin/serving plan --model Qwen3-8B --gpu rtx-4090 --max-model-len 8192 --max-loras 8 "
+        "--max-lora-rank 256": Parsed("tests/planner/test_lora.py"),
+        ".venv/bin/serving model tiny-lora": Runs(
+            "tests/models/test_tiny_lora.py", '"model", "tiny-lora"'
+        ),
+        ".venv/bin/serving keys create --name team-a --models team-a --default-adapter team-a "
+        "--model-limit team-a:tpm=20000": Runs(
+            "tests/integration/test_tenants.py", '"--default-adapter", ADAPTER'
+        ),
+        "export SERVING_ADMIN_KEY='<admin key>'": NotRun(
+            "a placeholder for a secret; the tests set SERVING_ADMIN_KEY to a key of their own"
+        ),
+        ".venv/bin/serving adapters load team-b /adapters/team-b": Runs(
+            "tests/gateway/adapters/test_adapters_command.py", '"load", "team-a", "/adapters/a"'
+        ),
+        ".venv/bin/serving adapters list": Runs(
+            "tests/gateway/adapters/test_adapters_command.py", '*where, "list"'
+        ),
+        ".venv/bin/serving adapters unload team-b": Runs(
+            "tests/gateway/adapters/test_adapters_command.py", '*where, "unload", "team-a"'
+        ),
+    },
     "docs/contributing-docs.md": {
         "make docs": Runs("tests/test_docs_site.py", '"mkdocs", "build", "--strict"'),
         ".venv/bin/mkdocs serve": SERVER,
@@ -210,6 +246,19 @@ COMMANDS: dict[str, dict[str, Verdict]] = {
         ),
     },
     "docs/tools.md": {".venv/bin/python - <<'PY'": HEREDOC},
+    "docs/usage-reports.md": {
+        ".venv/bin/serving usage report --from 2026-03-01 --to 2026-03-31": Parsed(
+            "tests/gateway/test_usage_command.py"
+        ),
+        ".venv/bin/serving usage report --from 2026-03-01 --to 2026-03-31 --key key_5e01c9a7 "
+        "--format csv": Parsed("tests/gateway/test_usage_command.py"),
+        ".venv/bin/serving usage report --from 2026-03-01 --to 2026-03-31 --format json "
+        '--redis-url "$REDIS_URL"': Parsed("tests/gateway/test_usage_command.py"),
+        'curl -s -H "Authorization: Bearer $SERVING_ADMIN_KEY" "http://127.0.0.1:8000/admin/v1/'
+        'usage?from=2026-03-01&to=2026-03-31&key=key_9b3f0d21"': Runs(
+            "tests/gateway/test_usage_reports.py", 'http.get(f"{USAGE_PATH}?{query}")'
+        ),
+    },
     "k8s/README.md": {},  # filled below: most of its steps need a cluster
 }
 

@@ -11,6 +11,8 @@ Routes:
                 and the gateway is not draining, else 503 (no auth; it never
                 calls an engine or Redis itself);
 - ``/playground`` the chat page (`playground`; no auth: its API calls send the user's key);
+- ``/admin/``   the operator's API behind its own keys (`admin`): usage reports, runtime
+                adapters; 404 without an admin key configured;
 - ``/metrics``  Prometheus text format (no auth: scraped by Prometheus/Kubernetes; it holds
                 public key ids, never secrets); with --metrics-port, only on that port
                 (`metrics_listener`) and 404 here;
@@ -33,7 +35,6 @@ budget journal and closes the stores at shutdown.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
 import logging
@@ -41,6 +42,8 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+from serving.gateway.adapters.install import install_adapters
+from serving.gateway.admin.api import AdminApi, is_admin_path
 from serving.gateway.auth import (
     Authenticator,
     Caller,
@@ -55,6 +58,7 @@ from serving.gateway.errors import (
     InternalError,
     RateLimitError,
     RouteNotFoundError,
+    UpstreamUnavailableError,
     quota_unavailable_error,
     retry_after_headers,
     upstream_error_kind,
@@ -65,7 +69,7 @@ from serving.gateway.health import HealthMonitor
 from serving.gateway.images import ImagePolicy
 from serving.gateway.keys import FileKeyStore, KeyStore, SqliteKeyStore
 from serving.gateway.keys.redis_refresh import RedisKeyRefresh
-from serving.gateway.keys.redis_store import KeyStoreUnavailable
+from serving.gateway.lifespan import run_lifespan
 from serving.gateway.metrics import CONTENT_TYPE, NONE, GatewayMetrics, RequestRecord
 from serving.gateway.metrics_listener import MetricsListener
 from serving.gateway.openai_request import check_tokenize_body
@@ -94,6 +98,7 @@ from serving.gateway.route_table import (
 from serving.gateway.routing.fleet import Fleet
 from serving.gateway.settings import GatewaySettings
 from serving.gateway.types import RawHeaders, Receive, Scope, Send
+from serving.gateway.usage_reports import install_usage_reports
 
 logger = logging.getLogger(__name__)
 
@@ -133,8 +138,8 @@ class GatewayApp:
         self.routes = routes
         self.draining = False
         self._opt_in = frozenset(settings.serve_routes)
-        self._closers: list[Callable[[], None]] = []
-        self._async_closers: list[Callable[[], Awaitable[None]]] = []
+        self.closers: list[Callable[[], None]] = []
+        self.async_closers: list[Callable[[], Awaitable[None]]] = []
         self.fleet = Fleet(settings, changed=self._engines_changed)
         self.router = self.fleet.router
         self.keys_file: FileKeyStore | None = None
@@ -147,7 +152,7 @@ class GatewayApp:
             shared = RedisQuotaStore.from_url(
                 settings.redis_url, timeout_s=settings.redis_timeout_s, clock=clock
             )
-            self._async_closers.append(shared.close)
+            self.async_closers.append(shared.close)
             store = self.shared_quota = GuardedQuotaStore(
                 shared,
                 policy=FailurePolicy(settings.redis_failure_policy),
@@ -157,7 +162,7 @@ class GatewayApp:
         else:
             if settings.keys_db:
                 journal = SqliteBudgetJournal(Path(settings.keys_db))
-                self._closers.append(journal.close)
+                self.closers.append(journal.close)
             store = InMemoryQuotaStore(clock, journal=journal)
         self.quota = QuotaEngine(
             store, default_max_tokens=settings.default_max_tokens, lease_ttl=settings.lease_ttl_s
@@ -185,6 +190,8 @@ class GatewayApp:
             else None
         )
         self.catalog = ModelCatalog()
+        self.admin = AdminApi(settings.admin_key_digests, max_body_bytes=settings.max_body_bytes)
+        self.usage = install_usage_reports(self)  # the ledger, and GET /admin/v1/usage
         self.playground = Playground.load()
         self.proxy = Proxy(self.router, retry_after_s=settings.retry_after_s)
         self.completions = Completions(
@@ -198,6 +205,7 @@ class GatewayApp:
         self.health = HealthMonitor(
             self.router, self.catalog, self.metrics, interval_s=settings.health_interval_s
         )
+        self.adapters = install_adapters(self)  # the admin adapter routes, and their sync
         # Running requests renew their leases well before the TTL; leaked ones are reclaimed.
         upkeep_every = min(settings.health_interval_s, settings.lease_ttl_s / 3)
         self.lease_upkeep = Periodic("lease upkeep", self._upkeep_leases, interval_s=upkeep_every)
@@ -217,7 +225,7 @@ class GatewayApp:
             stores.append(self.key_refresh.store)
         dev = StaticKeyAuthenticator(settings.api_key_digests) if settings.api_key_digests else None
         authenticator = KeyStoreAuthenticator(stores, dev=dev)
-        self._closers.append(authenticator.close)
+        self.closers.append(authenticator.close)
         return authenticator
 
     def _refresh_keys_file(self) -> bool:
@@ -240,6 +248,7 @@ class GatewayApp:
         ones are probed now rather than at the next health check."""
         if self.queue is not None and self.settings.engine_slots is not None:
             self.queue.resize(self.settings.engine_slots * len(self.router.engines))
+        self.catalog.retain(engine.index for engine in self.router.engines)
         await self.health.check()
 
     def begin_drain(self) -> None:
@@ -258,43 +267,7 @@ class GatewayApp:
             raise RuntimeError(f"unsupported ASGI scope type {kind!r}")
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
-        while True:
-            message = await receive()
-            if message["type"] == "lifespan.startup":
-                try:
-                    if self.key_refresh is not None:
-                        await self._load_keys()  # the keys before traffic
-                    await self.fleet.open()
-                    await self.health.check()  # model list and health before traffic
-                    if self.shared_quota is not None:
-                        await self.shared_quota.check()  # down is not fatal: the policy holds
-                    if self.metrics_listener is not None:
-                        await self.metrics_listener.start()
-                except Exception as exc:
-                    await send({"type": "lifespan.startup.failed", "message": str(exc)})
-                    return
-                self.health.start()
-                self.fleet.start()
-                self.lease_upkeep.start()
-                if self.key_refresh is not None:
-                    self.key_refresh.start()
-                await send({"type": "lifespan.startup.complete"})
-            elif message["type"] == "lifespan.shutdown":
-                await self.health.stop()
-                await self.lease_upkeep.stop()
-                if self.key_refresh is not None:
-                    await self.key_refresh.stop()
-                await self.fleet.close()
-                if self.metrics_listener is not None:
-                    await self.metrics_listener.stop()
-                if self.shared_quota is not None:
-                    await self.shared_quota.check()  # last chance for endings that waited
-                for close_async in self._async_closers:
-                    await close_async()
-                for close in self._closers:  # off the loop: draining the journal may wait
-                    await asyncio.to_thread(close)
-                await send({"type": "lifespan.shutdown.complete"})
-                return
+        await run_lifespan(self, receive, send)
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = time.perf_counter()
@@ -321,6 +294,10 @@ class GatewayApp:
             await self.playground.serve(scope, send, request_id=rid)
         elif path in (HEALTH_PATH, HEALTH_PATH + "/"):
             await self._health(scope, send, rid)
+        elif is_admin_path(path):
+            await self.admin.serve(
+                scope, receive, send, request_id=rid, authorization=authorization
+            )
         else:
             record = RequestRecord(started)
             self.metrics.in_flight += 1
@@ -330,6 +307,7 @@ class GatewayApp:
                 self.metrics.in_flight -= 1
                 if path.startswith(API_PREFIX) or record.key != NONE:
                     self.metrics.observe(record, time.perf_counter())
+                    self.usage.record(record)  # the same numbers as gateway_tokens_total
 
     async def _api(
         self,
@@ -362,6 +340,8 @@ class GatewayApp:
             kind = route.metered
             if kind is not None:
                 await self.completions.handle(kind, caller, request, receive, send, record)
+            elif route.metering == "models":
+                await self._models(caller, send, rid, record)
             else:
                 await self._forward_free(route, caller, request, receive, send, record)
         except QuotaStoreUnavailable:  # the policy is to fail closed
@@ -406,6 +386,19 @@ class GatewayApp:
         record.note_exchange(outcome)
         record.upstream_error = upstream_error_kind(outcome.error, outcome.upstream_status, None)
 
+    async def _models(self, caller: Caller, send: Send, rid: bytes, record: RequestRecord) -> None:
+        """`/v1/models` from the engines' own lists (`catalog`), only the models the key may
+        use; 503 while no engine is in the rotation, as the engine's own would be."""
+        if self.router.unready_reason is not None:
+            raise UpstreamUnavailableError(
+                "No model server is available; retry later.",
+                retry_after_s=self.settings.retry_after_s,
+            )
+        headers = rate_limit_raw_headers(await self.quota.status(caller, ""))
+        record.status = 200
+        listing = self.completions.models_listing(caller)
+        await send_json(send, 200, listing, request_id=rid, headers=headers)
+
     async def _health(self, scope: Scope, send: Send, rid: bytes) -> None:
         """vLLM's `/health` as its probes expect it (200 with an empty body, 503 when no
         engine is healthy), answered from the health monitor's last probe like /readyz."""
@@ -416,13 +409,6 @@ class GatewayApp:
             return
         status = 200 if self.health.unready_reason is None else 503
         await send_bytes(send, status, b"", request_id=rid, content_type=b"application/json")
-
-    async def _load_keys(self) -> None:
-        assert self.key_refresh is not None
-        try:
-            await self.key_refresh.load()
-        except KeyStoreUnavailable as exc:  # not fatal: the refresh rounds keep trying
-            logger.warning("%s; /readyz fails until they are loaded", exc)
 
     async def _readyz(self, send: Send, rid: bytes) -> None:
         shared = self.shared_quota

@@ -41,6 +41,11 @@ class Caller(QuotaSubject, Protocol):
         """Its share of the engine under fair sharing (`fair_queue`)."""
         ...
 
+    @property
+    def default_adapter(self) -> str | None:
+        """The adapter that serves its requests for a base model, if any."""
+        ...
+
     def allows_model(self, model: str) -> bool: ...
 
 
@@ -53,6 +58,7 @@ class Principal:
     model_limits: Mapping[str, Limits] = field(default_factory=dict)
     models: tuple[str, ...] = ()
     weight: int = 1
+    default_adapter: str | None = None
 
     def allows_model(self, model: str) -> bool:
         return not self.models or model in self.models
@@ -124,6 +130,15 @@ class KeyStoreAuthenticator:
         if found is None:
             raise AuthenticationError()
         return found
+
+    def key_name(self, key_id: str) -> str | None:
+        """The name of a public key id in the first store holding it (revoked keys too), for
+        reports; None for a development key or an id no store holds."""
+        for store in self._stores:
+            record = store.get(key_id)
+            if record is not None:
+                return record.name
+        return None
 
     @property
     def unready_reason(self) -> str | None:

@@ -6,7 +6,7 @@
     SERVING_GATEWAY_UPSTREAM=http://vllm:8001 SERVING_GATEWAY_LEASE_TTL_S=120 serving gateway
 
 The settings' flags and environment variables are generated from `GatewaySettings` (see
-`settings`); this module adds only what is not a setting: `--api-key`, `--log-level`,
+`settings`); this module adds only what is not a setting: `--api-key`, `--admin-key`, `--log-level`,
 `--access-log`. `serve_gateway(settings)` runs the server in-process (blocking, until
 SIGINT/SIGTERM); `build_server(settings)` returns it without running it. uvicorn and the app
 are imported only when the gateway runs, so `serving --help` stays fast.
@@ -20,7 +20,13 @@ from typing import TYPE_CHECKING
 
 from serving import paths
 from serving.errors import ServingError
-from serving.gateway.settings import API_KEY_ENV, ENV_PREFIX, GatewaySettings, cli_source
+from serving.gateway.settings import (
+    ADMIN_KEY_ENV,
+    API_KEY_ENV,
+    ENV_PREFIX,
+    GatewaySettings,
+    cli_source,
+)
 
 if TYPE_CHECKING:
     from serving.gateway.app import GatewayApp
@@ -43,6 +49,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"a development key (no limits, public id `dev`); repeatable. Prefer "
         f"{API_KEY_ENV} (comma-separated keys): command lines are visible to other users",
     )
+    parser.add_argument(
+        "--admin-key",
+        action="append",
+        dest="admin_keys",
+        metavar="KEY",
+        help=f"a key for the admin API (/admin/: usage reports, runtime adapters); "
+        f"repeatable. Prefer {ADMIN_KEY_ENV}: command lines are visible to other users",
+    )
     parser.add_argument("--log-level", choices=LOG_LEVELS, default="info")
     parser.add_argument("--access-log", action="store_true", help="log every request")
     parser.epilog = (
@@ -55,7 +69,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def settings_from_args(args: argparse.Namespace) -> GatewaySettings:
     """Settings from parsed flags, then SERVING_GATEWAY_* and SERVING_API_KEY, then defaults."""
-    return GatewaySettings.load(cli_source()(parsed_args=args), api_keys=args.api_keys or ())
+    return GatewaySettings.load(
+        cli_source()(parsed_args=args),
+        api_keys=args.api_keys or (),
+        admin_keys=args.admin_keys or (),
+    )
 
 
 def build_server(

@@ -63,6 +63,15 @@ from serving.gateway.types import Receive, Send
 from serving.gateway.usage import ResponseMeter
 
 
+def served_model(caller: Caller, model: str, catalog: ModelCatalog) -> str:
+    """The model a request is served by: the key's default adapter when the request names
+    a base model (one the engines list without a parent), else the model it names."""
+    adapter = caller.default_adapter
+    if adapter is not None and model != adapter and catalog.is_base(model):
+        return adapter
+    return model
+
+
 class Completions:
     def __init__(
         self,
@@ -93,18 +102,19 @@ class Completions:
     ) -> None:
         # parse
         parsed = parse_completion_request(kind, request.body, images=self.images)
-        record.model = self._catalog.label(parsed.model)
-        if not caller.allows_model(parsed.model):
+        model = served_model(caller, parsed.model, self._catalog)
+        record.model = self._catalog.label(model)
+        if not caller.allows_model(model):
             raise ModelNotFoundError(parsed.model)
 
         # admit: one reservation for all n choices (or a batch's prompts)
         try:
             decision = await self._engine.admit(
                 caller,
-                parsed.model,
+                model,
                 parsed.prompt_estimate,
                 parsed.requested_max_tokens,
-                context_window=self._catalog.context_window(parsed.model),
+                context_window=self._catalog.context_window(model),
                 choices=parsed.choices,
                 longest_prompt_estimate=parsed.longest_prompt_estimate,
             )
@@ -168,11 +178,12 @@ class Completions:
             request.method,
             request.target,
             request.headers,
-            render_upstream_body(parsed, max_tokens=decision.max_tokens),
+            render_upstream_body(parsed, max_tokens=decision.max_tokens, model=model),
             request.request_id,
             response_headers=rate_limit_raw_headers(decision.rate_limit),
             meter=meter,
             prefixes=prefixes,
+            engines=self._catalog.engines_serving(model),
         )
         outcome: ProxyOutcome | None = None
         try:
@@ -185,7 +196,11 @@ class Completions:
                 queue.release(turn, served=lease.charged_tokens)
             _record_outcome(record, lease, _cut_prompt(parsed, meter), meter, outcome)
         if outcome is not None and 200 <= (outcome.upstream_status or 0) < 300:
-            self._catalog.learn(parsed.model)
+            self._catalog.learn(model)
+
+    def models_listing(self, caller: Caller) -> dict[str, object]:
+        """`/v1/models` for `caller`: what the engines serve that the key may use."""
+        return {"object": "list", "data": self._catalog.listing(caller.allows_model)}
 
     async def renew_running(self) -> None:
         """Renew the leases of the requests running now."""

@@ -7,10 +7,11 @@
 
 Every `interval_s` the monitor probes every engine's `/health` at once, tells the router
 (an engine failing it leaves the rotation, one passing it comes back; see `Router.probed` for
-probes that time out), and refreshes the
-`ModelCatalog` from the first healthy engine's `/v1/models` (the engines behind one gateway
-serve the same models). `/readyz` answers from the last check and never calls an engine
-itself: an unauthenticated endpoint must not let anyone multiply the load on the engines.
+probes that time out), and refreshes the `ModelCatalog` from every healthy engine's
+`/v1/models` (adapters may be on some engines only; an engine that fails keeps its last
+list, and is not chosen while out of the rotation anyway). `/readyz` answers from the last
+check and never calls an engine itself: an unauthenticated endpoint must not let anyone
+multiply the load on the engines.
 """
 
 from __future__ import annotations
@@ -52,12 +53,11 @@ class HealthMonitor:
         for engine, probe in zip(engines, probes, strict=True):
             self._router.probed(engine, probe.reason, timed_out=probe.timed_out)
         self._metrics.set_upstream_healthy(self._router.unready_reason is None)
-        for engine, probe in zip(engines, probes, strict=True):
-            if probe.reason is None:
-                models = await engine.client.fetch_models()
-                if models is not None:
-                    self._catalog.update(models)
-                    break
+        healthy = [e for e, probe in zip(engines, probes, strict=True) if probe.reason is None]
+        lists = await asyncio.gather(*(engine.client.fetch_models() for engine in healthy))
+        for engine, models in zip(healthy, lists, strict=True):
+            if models is not None:
+                self._catalog.update(engine.index, models)
 
     def start(self) -> None:
         self._job.start()

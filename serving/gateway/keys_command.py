@@ -82,6 +82,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(1-1000, default: 1)",
     )
     create.add_argument(
+        "--default-adapter",
+        metavar="ADAPTER",
+        help="a LoRA adapter that serves this key's requests for a base model (in --models "
+        "when that is given), so the key gets its fine-tune under the base model's name",
+    )
+    create.add_argument(
         "--emit-yaml",
         action="store_true",
         help="print a keys-file entry (for a Kubernetes Secret) instead of storing the key",
@@ -127,7 +133,12 @@ def _act(store: WritableKeyStore, args: argparse.Namespace) -> int:
     if args.keys_command == "create":
         name, limits, models, model_limits = _key_fields(args)
         record, secret = store.create(
-            name, limits=limits, models=models, model_limits=model_limits, weight=_weight(args)
+            name,
+            limits=limits,
+            models=models,
+            model_limits=model_limits,
+            weight=_weight(args),
+            default_adapter=_default_adapter(args, models),
         )
         print(f"created {record.key_id} ({record.name}) in {store.location}")
         print(f"secret: {secret}")
@@ -151,7 +162,12 @@ def _emit_yaml(args: argparse.Namespace) -> int:
     name, limits, models, model_limits = _key_fields(args)
     record, secret = next(
         new_records(
-            name, limits=limits, models=models, model_limits=model_limits, weight=_weight(args)
+            name,
+            limits=limits,
+            models=models,
+            model_limits=model_limits,
+            weight=_weight(args),
+            default_adapter=_default_adapter(args, models),
         )
     )
     # The YAML goes to stdout so it can be redirected into a file; the secret to the terminal.
@@ -159,6 +175,12 @@ def _emit_yaml(args: argparse.Namespace) -> int:
     print(f"created {record.key_id} ({record.name}); secret: {secret}", file=sys.stderr)
     print("the secret is shown only now: only its hash is in the YAML", file=sys.stderr)
     return 0
+
+
+def _default_adapter(args: argparse.Namespace, models: tuple[str, ...]) -> str | None:
+    from serving.gateway.keys.record import check_default_adapter
+
+    return check_default_adapter(args.default_adapter, models, where="--default-adapter")
 
 
 def _weight(args: argparse.Namespace) -> int:
@@ -286,6 +308,7 @@ def _print_record(record: KeyRecord) -> None:
         *((field, _show(getattr(record.limits, field))) for field in LIMIT_FLAGS.values()),
         ("models", ", ".join(record.models) or "all"),
         ("weight", str(record.weight)),
+        ("default adapter", record.default_adapter or "-"),
     ]
     for model, limits in record.model_limits.items():
         settings = ", ".join(f"{name}={value}" for name, value in limits.to_mapping().items())

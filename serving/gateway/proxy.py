@@ -91,6 +91,9 @@ class ProxyRequest:
     """Reads usage out of 2xx bodies (metered endpoints only)."""
     prefixes: Sequence[int] = ()
     """The prompt's prefix hashes, for affinity routing (`routing.prefix_affinity`)."""
+    engines: frozenset[int] | None = None
+    """Ids of the engines that serve the request's model (an adapter may be on some only);
+    None: any engine."""
 
 
 @dataclass(slots=True)
@@ -159,7 +162,7 @@ class Proxy:
     async def _exchange(self, request: ProxyRequest, send: Send, outcome: ProxyOutcome) -> None:
         outcome.forwarded_at = time.perf_counter()
         router = self._router
-        engine = router.choose(request.prefixes)
+        engine = router.choose(request.prefixes, among=request.engines)
         if engine is None:
             await self._fail(self._no_engine(), request, send, outcome)
             return
@@ -177,7 +180,11 @@ class Proxy:
                 except UPSTREAM_FAILURES as exc:
                     if isinstance(exc, HopConnectError):
                         router.connect_failed(engine)
-                    other = None if retried else router.choose(request.prefixes, exclude=engine)
+                    other = (
+                        None
+                        if retried
+                        else router.choose(request.prefixes, exclude=engine, among=request.engines)
+                    )
                     if other is None:
                         failure = exc if router.unready_reason is None else self._no_engine()
                         await self._fail(failure, request, send, outcome)
@@ -186,7 +193,7 @@ class Proxy:
                     engine, retried = other, True
                     continue
                 if response.status >= 500 and not retried:
-                    other = router.choose(request.prefixes, exclude=engine)
+                    other = router.choose(request.prefixes, exclude=engine, among=request.engines)
                     if other is not None:
                         response.close()  # unread: the connection is closed, not reused
                         self._failover(engine, other, request, f"status {response.status}")

@@ -1,15 +1,17 @@
 """Every path the gateway answers, and how each is metered: one table for every key.
 
     route = ROUTES.lookup("POST", "/v1/responses/", opt_in=settings.opt_in_routes)
-    route.metering        # "chat" | "completion" | "responses" | "free" | "health"
+    route.metering        # "chat" | "completion" | "responses" | "free" | "models" | "health"
     route.path            # vLLM's spelling, where the request is sent
 
 The gateway's view of a request must be an upper bound of what vLLM does with it, so a path
 is served only when its cost is known: the metered routes (chat completions, completions,
 the Responses API) reserve before anything is forwarded; `free` routes cost vLLM no
-generation (the model list; the opt-in tokenizer routes); `/health` answers from the
-gateway's last probe of its engines, as vLLM's own does. Everything else is refused before it
-reaches vLLM, with the same answer for every key, the development keys included:
+generation (the opt-in tokenizer routes); the model list (`models`) is answered by the
+gateway from its engines' lists, showing a key only the models it may use; `/health`
+answers from the gateway's last probe of its engines, as vLLM's own does. Everything else is
+refused before it reaches vLLM, with the same answer for every key, the development keys
+included:
 
 - a route vLLM serves that the gateway does not (`REFUSED`): 403 `endpoint_not_allowed`,
   naming why (its tokens could not be charged, or it changes the engine itself);
@@ -31,7 +33,7 @@ from typing import Literal
 from serving.gateway.errors import EndpointNotAllowedError, GatewayError, RouteNotFoundError
 from serving.gateway.request_fields import Kind
 
-Metering = Literal["chat", "completion", "responses", "free", "health"]
+Metering = Literal["chat", "completion", "responses", "free", "models", "health"]
 OptIn = Literal["tokenize"]
 HEALTH_PATH = "/health"
 TOKENIZE_PATH = "/tokenize"
@@ -59,7 +61,8 @@ _TABLE: tuple[Route, ...] = (
     Route("/v1/chat/completions", ("POST",), "chat"),
     Route("/v1/completions", ("POST",), "completion"),
     Route("/v1/responses", ("POST",), "responses"),
-    Route("/v1/models", ("GET",), "free"),
+    # Answered by the gateway from every engine's list, filtered to what the key may use.
+    Route("/v1/models", ("GET",), "models"),
     Route(HEALTH_PATH, ("GET", "HEAD"), "health"),
     # Free: no generation, and the chat form is checked like a chat body (media, fields).
     Route(TOKENIZE_PATH, ("POST",), "free", opt_in="tokenize"),

@@ -25,7 +25,6 @@ variable.
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -53,16 +52,18 @@ from pydantic_settings import (
 
 from serving import paths
 from serving.errors import ServingError
+from serving.gateway.addresses import check_upstream_url, parse_nameserver
 from serving.gateway.quota.engine import DEFAULT_LEASE_TTL, DEFAULT_MAX_TOKENS
 from serving.gateway.quota.redis_store import DEFAULT_TIMEOUT_S
+from serving.gateway.usage_ledger.days import DEFAULT_RETENTION_DAYS
 from serving.ports import GATEWAY_PORT
 
 ENV_PREFIX = "SERVING_GATEWAY_"
 API_KEY_ENV = "SERVING_API_KEY"
+ADMIN_KEY_ENV = "SERVING_ADMIN_KEY"
 REDIS_SCHEMES = ("redis", "rediss", "unix")
 # An upstream whose host is a DNS name listing the engines (discovery), not one engine.
 DNS_PREFIX = "dns+"
-DNS_PORT = 53
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +105,10 @@ class GatewaySettings(BaseSettings):
     api_key_digests: CliSuppress[tuple[Sha256Hex, ...]] = Field(default=(), repr=False)
     """`hash_secret` digests of the development keys (no limits, public id `dev`); set them
     with --api-key or SERVING_API_KEY, never as digests."""
+    admin_key_digests: CliSuppress[tuple[Sha256Hex, ...]] = Field(default=(), repr=False)
+    """`hash_secret` digests of the operator's admin keys (the /admin/ API: usage reports,
+    runtime adapters; never a tenant key); set them with --admin-key or SERVING_ADMIN_KEY.
+    None: the admin API answers 404."""
     keys_db: NonEmpty | None = None
     """The SQLite key store `serving keys` writes; day/month budgets are persisted in it.
     Unset: keys.db in the serving home (the same file `serving keys` uses; see below), unless
@@ -210,6 +215,9 @@ class GatewaySettings(BaseSettings):
     """Opt-in vLLM routes served besides the metered ones, all free of charge: `tokenize`
     (vLLM's /tokenize and /detokenize, at the root as vLLM serves them). Every other route
     vLLM has is refused (see docs/gateway.md, "Routes")."""
+    runtime_adapters: bool = False
+    """Let the admin API load and unload LoRA adapters on every engine (kept in keys.db, or in
+    Redis with --redis-url; the engines need VLLM_ALLOW_RUNTIME_LORA_UPDATING=1)."""
     redis_url: NonEmpty | None = Field(default=None, repr=False)
     """Redis holding the quota counters that gateway replicas share, so each key's limits hold
     across all of them (redis://, rediss:// or unix://; may carry a password, so it is never
@@ -224,13 +232,16 @@ class GatewaySettings(BaseSettings):
     redis_replicas: int = Field(default=1, ge=1)
     """How many gateway replicas share Redis: the `local` failure policy grants each one
     this share of every limit, so replicas that all lost Redis together stay within it."""
+    usage_retention_days: int = Field(default=DEFAULT_RETENTION_DAYS, ge=1, le=36_600)
+    """Days the tokens of each key, model and day are kept for usage reports (in keys.db,
+    or in Redis with --redis-url); older days are pruned."""
 
     @field_validator("upstream")
     @classmethod
     def _check_upstream(cls, value: str) -> str:
         if value.strip().startswith(DNS_PREFIX):
-            return DNS_PREFIX + _check_upstream_url(value.strip()[len(DNS_PREFIX) :])
-        urls = [_check_upstream_url(url.strip()) for url in value.split(",")]
+            return DNS_PREFIX + check_upstream_url(value.strip()[len(DNS_PREFIX) :])
+        urls = [check_upstream_url(url.strip()) for url in value.split(",")]
         if len(set(urls)) != len(urls):
             raise ValueError("lists an engine twice")
         return ",".join(urls)
@@ -303,6 +314,12 @@ class GatewaySettings(BaseSettings):
         return data
 
     @model_validator(mode="after")
+    def _adapters_need_a_store(self) -> GatewaySettings:
+        if self.runtime_adapters and not (self.keys_db or self.redis_url):
+            raise ValueError("runtime_adapters: needs --keys-db or --redis-url to keep them in")
+        return self
+
+    @model_validator(mode="after")
     def _require_a_key_source(self) -> GatewaySettings:
         if not self.api_key_digests and not self.keys_db and not self.keys_file:
             raise ValueError(
@@ -325,10 +342,19 @@ class GatewaySettings(BaseSettings):
 
     @classmethod
     def create(cls, *, upstream: str, api_keys: Iterable[str], **fields: object) -> GatewaySettings:
-        """Settings from exactly these values (plain `api_keys`, hashed here; the other
-        fields by name), ignoring the environment."""
+        """Settings from exactly these values (plain `api_keys`, and `admin_keys` if given,
+        hashed here; the other fields by name), ignoring the environment."""
+        admin_keys = fields.pop("admin_keys", ())
+        if not isinstance(admin_keys, list | tuple) or not all(
+            isinstance(key, str) for key in admin_keys
+        ):
+            raise ServingError("admin_keys: must be a list of keys")
         values = {"keys_db": None, "keys_file": None, **fields}
-        values.update(upstream=upstream, api_key_digests=hash_keys(api_keys))
+        values.update(
+            upstream=upstream,
+            api_key_digests=hash_keys(api_keys),
+            admin_key_digests=hash_keys(admin_keys),
+        )
         settings = cls.__new__(cls)
         try:
             # BaseModel's own __init__ validates the values alone: BaseSettings' would merge
@@ -344,14 +370,17 @@ class GatewaySettings(BaseSettings):
         cli: CliSettingsSource[GatewaySettings] | None = None,
         *,
         api_keys: Sequence[str] = (),
+        admin_keys: Sequence[str] = (),
         **fields: Any,
     ) -> GatewaySettings:
         """Settings as `serving gateway` reads them: the flags in `cli` and `fields`, then
         `SERVING_GATEWAY_*`, then the defaults. Development keys: `api_keys`, else
-        `SERVING_API_KEY`."""
+        `SERVING_API_KEY`; admin keys: `admin_keys`, else `SERVING_ADMIN_KEY`."""
         options: dict[str, Any] = {"_cli_settings_source": cli, **fields}
         if api_keys:
             options["api_key_digests"] = hash_keys(api_keys)
+        if admin_keys:
+            options["admin_key_digests"] = hash_keys(admin_keys)
         try:
             return cls(**options)
         except ValidationError as exc:
@@ -366,11 +395,12 @@ class GatewaySettings(BaseSettings):
 
 
 class _Environment(EnvSettingsSource):
-    """`SERVING_GATEWAY_<FIELD>` for each field but the development keys: those come from
-    `SERVING_API_KEY`, plain and comma-separated, and are hashed here."""
+    """`SERVING_GATEWAY_<FIELD>` for each field but the development and admin keys: those
+    come from `SERVING_API_KEY` and `SERVING_ADMIN_KEY`, plain and comma-separated, and are
+    hashed here."""
 
     def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
-        if field_name == "api_key_digests":
+        if field_name in ("api_key_digests", "admin_key_digests"):
             return None, field_name, False
         return super().get_field_value(field, field_name)
 
@@ -379,6 +409,9 @@ class _Environment(EnvSettingsSource):
         keys = split_dev_keys(os.environ.get(API_KEY_ENV, ""))
         if keys:
             values["api_key_digests"] = hash_keys(keys)
+        admin = split_dev_keys(os.environ.get(ADMIN_KEY_ENV, ""), where=ADMIN_KEY_ENV)
+        if admin:
+            values["admin_key_digests"] = hash_keys(admin)
         return values
 
 
@@ -408,9 +441,10 @@ def env_name(field: str) -> str:
     return ENV_PREFIX + field.upper()
 
 
-def split_dev_keys(text: str) -> list[str]:
-    """The development keys in a `SERVING_API_KEY` value: comma-separated, blanks ignored."""
-    return [check_key(key.strip(), where=API_KEY_ENV) for key in text.split(",") if key.strip()]
+def split_dev_keys(text: str, *, where: str = API_KEY_ENV) -> list[str]:
+    """The keys in a `SERVING_API_KEY` (or `SERVING_ADMIN_KEY`) value: comma-separated, blanks
+    ignored."""
+    return [check_key(key.strip(), where=where) for key in text.split(",") if key.strip()]
 
 
 def check_key(key: str, *, where: str = "api_key") -> str:
@@ -425,39 +459,6 @@ def hash_keys(keys: Iterable[str]) -> tuple[str, ...]:
     from serving.gateway.keys.credentials import hash_secret
 
     return tuple(hash_secret(check_key(key)) for key in keys)
-
-
-def parse_nameserver(value: str) -> tuple[str, int]:
-    """`IP`, `IP:PORT` or `[IPv6]:PORT` to (ip, port); ValueError says what is wrong."""
-    host, port = value, DNS_PORT
-    try:
-        if value.startswith("["):
-            host, _, rest = value[1:].partition("]")
-            port = int(rest.removeprefix(":")) if rest else DNS_PORT
-        elif value.count(":") == 1:
-            host, _, text = value.partition(":")
-            port = int(text)
-        ipaddress.ip_address(host)
-    except ValueError:
-        raise ValueError("must be an IP address, optionally with :PORT") from None
-    if not 0 < port < 65536:
-        raise ValueError(f"port {port} is out of range")
-    return host, port
-
-
-def _check_upstream_url(url: str) -> str:
-    try:
-        parts = urlsplit(url)
-        port = parts.port
-    except ValueError as exc:
-        raise ValueError(f"not a valid URL ({exc})") from exc
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError("must be an http:// or https:// URL with a host")
-    if parts.query or parts.fragment or parts.username or parts.password:
-        raise ValueError("must not carry credentials, a query or fragment")
-    if port == 0:
-        raise ValueError("has port 0")
-    return url.rstrip("/")
 
 
 def settings_error(exc: ValidationError) -> ServingError:

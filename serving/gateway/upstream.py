@@ -15,15 +15,19 @@ Content-Type).
 
 from __future__ import annotations
 
+import json
 from typing import NamedTuple
 
 import aiohttp
 from yarl import URL
 
+from serving.gateway.catalog import ModelInfo
 from serving.gateway.errors import UPSTREAM_FAILURES
 from serving.gateway.hop_pool import HopPool
 from serving.gateway.settings import GatewaySettings
 
+# Loading reads the adapter's weights from disk and allocates nothing new: seconds at most.
+ADAPTER_TIMEOUT_S = 60.0
 # Headers aiohttp would otherwise add on its own; the client's own values are forwarded.
 _SKIP_AUTO_HEADERS = ("Accept", "Accept-Encoding", "User-Agent", "Content-Type")
 
@@ -109,9 +113,9 @@ class UpstreamClient:
         """The upstream URL for a raw, already percent-encoded `path?query` target."""
         return URL(self._base + target.decode("latin-1"), encoded=True)
 
-    async def fetch_models(self) -> dict[str, int | None] | None:
-        """The upstream's served models and their context windows (vLLM's `max_model_len`),
-        or None when `/v1/models` cannot be read."""
+    async def fetch_models(self) -> dict[str, ModelInfo] | None:
+        """The upstream's served models and adapters (vLLM's `/v1/models`: `max_model_len`,
+        an adapter's `parent`), or None when it cannot be read."""
         timeout = aiohttp.ClientTimeout(total=self._settings.readiness_timeout_s)
         try:
             async with self.session.get(self.url(b"/v1/models"), timeout=timeout) as response:
@@ -126,13 +130,52 @@ class UpstreamClient:
         entries = data.get("data") if isinstance(data, dict) else None
         if not isinstance(entries, list):
             return None
-        models: dict[str, int | None] = {}
+        models: dict[str, ModelInfo] = {}
         for entry in entries:
             if isinstance(entry, dict) and isinstance(entry.get("id"), str):
                 window = entry.get("max_model_len")
                 valid = isinstance(window, int) and not isinstance(window, bool) and window > 0
-                models[entry["id"]] = window if valid else None
+                parent = entry.get("parent")
+                models[entry["id"]] = ModelInfo(
+                    window=window if valid else None,
+                    parent=parent if isinstance(parent, str) and parent else None,
+                    entry=entry,
+                )
         return models
+
+    async def load_adapter(self, name: str, path: str) -> str | None:
+        """Load LoRA adapter `name` from `path` on this engine (vLLM's runtime LoRA route,
+        on with VLLM_ALLOW_RUNTIME_LORA_UPDATING); None when it holds it now, else why not."""
+        return await self._adapter_call(
+            b"/v1/load_lora_adapter", {"lora_name": name, "lora_path": path}, "already"
+        )
+
+    async def unload_adapter(self, name: str) -> str | None:
+        """Unload adapter `name`; None when the engine no longer holds it, else why not."""
+        return await self._adapter_call(
+            b"/v1/unload_lora_adapter", {"lora_name": name}, "cannot be found"
+        )
+
+    async def _adapter_call(self, path: bytes, body: dict[str, str], done: str) -> str | None:
+        timeout = aiohttp.ClientTimeout(total=ADAPTER_TIMEOUT_S)
+        try:
+            # The session skips aiohttp's automatic Content-Type; vLLM requires this one.
+            headers = {"Content-Type": "application/json"}
+            async with self.session.post(
+                self.url(path), data=json.dumps(body), headers=headers, timeout=timeout
+            ) as response:
+                text = (await response.read()).decode(errors="replace")
+        except UPSTREAM_FAILURES as exc:
+            return f"{type(exc).__name__}: {exc}"
+        if response.status == 200:
+            return None
+        message = _error_message(text)
+        # Loaded (or gone) already, e.g. by another gateway replica: what was asked holds.
+        if done in message:
+            return None
+        if response.status == 404 and "Not Found" in message:
+            return "the engine has no runtime LoRA routes (VLLM_ALLOW_RUNTIME_LORA_UPDATING)"
+        return f"status {response.status}: {message[:300]}"
 
     async def probe_health(self) -> HealthProbe:
         """Whether the upstream's `/health` answered 200 within `readiness_timeout_s`."""
@@ -147,6 +190,20 @@ class UpstreamClient:
             return HealthProbe("upstream /health timed out", timed_out=True)
         except UPSTREAM_FAILURES as exc:
             return HealthProbe(f"upstream /health failed ({type(exc).__name__})")
+
+
+def _error_message(text: str) -> str:
+    """vLLM's error message out of its JSON error body, else the text itself."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return text
+    error = data.get("error") if isinstance(data, dict) else None
+    if isinstance(error, dict) and isinstance(error.get("message"), str):
+        return str(error["message"])
+    if isinstance(data, dict) and isinstance(data.get("detail"), str):
+        return str(data["detail"])
+    return text
 
 
 class HealthProbe(NamedTuple):

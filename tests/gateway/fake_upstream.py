@@ -28,6 +28,9 @@ gates and the events a test waits for, so tests do not see each other's traffic:
     GET  /v1/html-500            500 text/html
     GET  /v1/detail-404          404 {"detail": "Not Found"} (FastAPI's shape)
     GET  /v1/big-json            200 JSON larger than the gateway's whole-body limit
+    GET  /v1/small-json          200 a small JSON object
+    POST /v1/load_lora_adapter   vLLM's runtime LoRA routes over `adapters` (paths that load:
+    POST /v1/unload_lora_adapter /adapters/...; others fail as a path vLLM cannot read)
     POST /v1/reset-before-headers    the connection is aborted before any response
     POST /v1/reset-mid-stream        two SSE events, then the connection is aborted
     GET  /v1/reset-mid-chunked       plain chunked body, then the connection is aborted
@@ -63,6 +66,7 @@ FAKE_ROUTES = ROUTES.with_routes(
         for path in (
             "/v1/echo", "/v1/gated-stream", "/v1/bad-request", "/v1/legacy-error",
             "/v1/redirect-to-self", "/v1/html-500", "/v1/detail-404", "/v1/big-json",
+            "/v1/small-json",
             "/v1/reset-before-headers", "/v1/reset-mid-stream", "/v1/reset-mid-chunked",
             "/v1/hang", "/v1/hang-mid-stream",
         )
@@ -182,6 +186,8 @@ class FakeUpstream:
         self.host = host
         """Where it listens: any loopback address (engine discovery gives engines their own)."""
         self.healthy = True
+        self.adapters: dict[str, str] = {}
+        """LoRA adapters `/v1/models` lists beside "fake": name -> base model."""
         self.health_checks = 0
         """Requests to `/health` so far."""
         self.other_requests = 0
@@ -287,6 +293,9 @@ class FakeUpstream:
             ("GET", "/v1/html-500", self._html_500),
             ("GET", "/v1/detail-404", self._detail_404),
             ("GET", "/v1/big-json", self._big_json),
+            ("GET", "/v1/small-json", self._small_json),
+            ("POST", "/v1/load_lora_adapter", self._load_adapter),
+            ("POST", "/v1/unload_lora_adapter", self._unload_adapter),
             ("POST", "/v1/reset-before-headers", self._reset_before_headers),
             ("POST", "/v1/reset-mid-stream", self._reset_mid_stream),
             ("GET", "/v1/reset-mid-chunked", self._reset_mid_chunked),
@@ -328,8 +337,38 @@ class FakeUpstream:
         raise web.HTTPTemporaryRedirect(f"{self.url}/v1/models?x=1")
 
     async def _models(self, request: web.Request) -> web.StreamResponse:
-        model = {"id": "fake", "object": "model", "max_model_len": 2048}
-        return web.json_response({"object": "list", "data": [model]})
+        models: list[dict[str, object]] = [
+            {"id": "fake", "object": "model", "max_model_len": 2048, "parent": None}
+        ]
+        for name, base in self.adapters.items():
+            models.append({"id": name, "object": "model", "max_model_len": None, "parent": base})
+        return web.json_response({"object": "list", "data": models})
+
+    async def _load_adapter(self, request: web.Request) -> web.StreamResponse:
+        if request.content_type != "application/json":  # vLLM's validate_json_request
+            return web.json_response({"error": {"message": "Unsupported Media Type"}}, status=400)
+        body = await request.json()
+        name, path = body["lora_name"], body["lora_path"]
+        if name in self.adapters:
+            message = f"The lora adapter '{name}' has already been loaded."
+            return web.json_response({"error": {"message": message, "code": 400}}, status=400)
+        if not path.startswith("/adapters/"):
+            message = f"Loading lora {name} failed: No adapter found for {path}"
+            return web.json_response({"error": {"message": message, "code": 400}}, status=400)
+        self.adapters[name] = "fake"
+        return web.Response(text=f"Success: LoRA adapter '{name}' added successfully.")
+
+    async def _unload_adapter(self, request: web.Request) -> web.StreamResponse:
+        if request.content_type != "application/json":
+            return web.json_response({"error": {"message": "Unsupported Media Type"}}, status=400)
+        name = (await request.json())["lora_name"]
+        if self.adapters.pop(name, None) is None:
+            message = f"The lora adapter '{name}' cannot be found."
+            return web.json_response({"error": {"message": message, "code": 404}}, status=404)
+        return web.Response(text=f"Success: LoRA adapter '{name}' removed successfully.")
+
+    async def _small_json(self, request: web.Request) -> web.StreamResponse:
+        return web.json_response({"object": "list", "data": [{"id": "x"}]})
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()

@@ -32,6 +32,7 @@ def test_create_list_show_revoke(tmp_path: Path, capsys: pytest.CaptureFixture[s
         "--rpm", "60", "--tpm", "20000", "--tokens-per-day", "100000",
         "--tokens-per-month", "2000000", "--max-concurrency", "4", "--max-tokens", "512",
         "--models", "m1, m2", "--model-limit", "m1:rpm=10,max-tokens=64", "--weight", "3",
+        "--default-adapter", "m2",
     )  # fmt: skip
     assert code == 0
     secrets = SECRET.findall(out)
@@ -52,6 +53,7 @@ def test_create_list_show_revoke(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert record.models == ("m1", "m2")
     assert record.model_limits == {"m1": Limits(rpm=10, max_tokens=64)}
     assert record.weight == 3
+    assert record.default_adapter == "m2"
 
     code, out, _ = serving(capsys, "keys", "list", "--store", store)
     assert code == 0
@@ -64,6 +66,7 @@ def test_create_list_show_revoke(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert re.search(r"max_concurrency:\s+4", out)
     assert re.search(r"limits for m1:\s+rpm=10, max_tokens=64", out)
     assert re.search(r"^weight:\s+3$", out, re.MULTILINE)
+    assert re.search(r"^default adapter:\s+m2$", out, re.MULTILINE)
     assert not SECRET.search(out)
 
     code, out, _ = serving(capsys, "keys", "revoke", key_id, "--store", store)
@@ -102,6 +105,10 @@ def test_list_of_an_empty_store(tmp_path: Path, capsys: pytest.CaptureFixture[st
             "--model-limit: model 'm1' is not in the key's models",
         ),
         (["create", "--name", "a", "--weight", "0"], "--weight must be an integer from 1 to 1000"),
+        (
+            ["create", "--name", "a", "--models", "m1", "--default-adapter", "m2"],
+            "--default-adapter: 'm2' is not in the key's models",
+        ),
         (["show", "key_00000000"], "KEY_ID 'key_00000000': no such key in"),
         (["revoke", "key_00000000"], "no such key"),
         (["revoke", "team-a"], "KEY_ID 'team-a' is not a key id"),
@@ -134,6 +141,8 @@ def test_emit_yaml_prints_a_keys_file_entry_and_stores_nothing(
         "5",
         "--weight",
         "2",
+        "--default-adapter",
+        "team-a",
         "--emit-yaml",
     )
     assert code == 0
@@ -151,6 +160,7 @@ def test_emit_yaml_prints_a_keys_file_entry_and_stores_nothing(
     record = loaded.authenticate(secret)
     assert record is not None and record.name == "k8s" and record.limits == Limits(rpm=5)
     assert record.weight == 2 and "weight: 2" in out
+    assert record.default_adapter == "team-a" and "default_adapter: team-a" in out
     assert sorted(r.name for r in loaded.list_keys()) == ["k8s", "second", "third"]
 
 

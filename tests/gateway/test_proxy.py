@@ -38,9 +38,9 @@ def error_of(response: httpx.Response) -> dict[str, object]:
 
 
 def test_json_passthrough_is_byte_identical(gateway: GatewayServer, upstream: FakeUpstream) -> None:
-    upstream_response = direct(upstream, "/v1/models")
+    upstream_response = direct(upstream, "/v1/small-json")
     with client(gateway) as http:
-        response = http.get("/v1/models")
+        response = http.get("/v1/small-json")
     assert response.status_code == 200
     assert response.content == upstream_response.content
     assert response.headers["content-length"] == str(len(upstream_response.content))

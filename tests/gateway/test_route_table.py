@@ -26,7 +26,7 @@ def refused(method: str, path: str, opt_in: frozenset[str] = frozenset()) -> Gat
         ("POST", "/v1/completions", "completion", "/v1/completions"),
         ("POST", "/v1/responses", "responses", "/v1/responses"),
         ("POST", "/v1/responses/", "responses", "/v1/responses"),
-        ("GET", "/v1/models", "free", "/v1/models"),
+        ("GET", "/v1/models", "models", "/v1/models"),
         ("GET", "/health", "health", "/health"),
         ("HEAD", "/health", "health", "/health"),
     ],

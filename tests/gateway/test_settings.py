@@ -58,6 +58,7 @@ GOOD: dict[str, tuple[str, object]] = {
     "redis_timeout_s": ("0.5", 0.5),
     "redis_failure_policy": ("local", "local"),
     "redis_replicas": ("3", 3),
+    "usage_retention_days": ("31", 31),
     "routing": ("least-loaded", "least-loaded"),
     "routing_overload": ("2", 2),
     "engine_slots": ("16", 16),
@@ -65,6 +66,7 @@ GOOD: dict[str, tuple[str, object]] = {
     "reserved_slots": ("0", 0),
     "queue_timeout_s": ("5", 5.0),
     "serve_routes": ('["tokenize"]', ("tokenize",)),
+    "runtime_adapters": ("true", True),
 }
 # List settings: an error shows the bad item, not the whole list.
 SHOWN_ITEM = {"serve_routes": "embeddings"}
@@ -104,6 +106,7 @@ BAD: dict[str, str] = {
     "redis_timeout_s": "0",
     "redis_failure_policy": "open",
     "redis_replicas": "0",
+    "usage_retention_days": "0",
     "routing": "random",
     "routing_overload": "-1",
     "engine_slots": "0",
@@ -111,9 +114,12 @@ BAD: dict[str, str] = {
     "reserved_slots": "-1",
     "queue_timeout_s": "0",
     "serve_routes": '["embeddings"]',
+    "runtime_adapters": "maybe",
 }
 # Set as digests only, from --api-key or SERVING_API_KEY (tested below).
-SETTINGS = [name for name in GatewaySettings.model_fields if name != "api_key_digests"]
+# Keys are set in plain text by their own flags and variables, never as settings.
+KEY_DIGESTS = ("api_key_digests", "admin_key_digests")
+SETTINGS = [name for name in GatewaySettings.model_fields if name not in KEY_DIGESTS]
 # The flag spellings callers used before the flags were generated (README, stack.py, bench).
 LEGACY_FLAGS = {
     "--upstream-idle-timeout": "upstream_idle_timeout_s",
@@ -220,6 +226,22 @@ def test_development_keys_from_the_environment_are_hashed(
     assert from_flags("--upstream", URL, "--api-key", "sk-c").api_key_digests == (
         hash_secret("sk-c"),
     )
+
+
+def test_admin_keys_from_the_environment_or_flag_are_hashed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("SERVING_ADMIN_KEY", "adm-a,adm-b")
+    settings = GatewaySettings.from_env(upstream=URL)
+    assert settings.admin_key_digests == (hash_secret("adm-a"), hash_secret("adm-b"))
+    assert "adm-a" not in repr(settings) and hash_secret("adm-a") not in repr(settings)
+    assert settings.api_key_digests == ()  # an admin key is never a tenant key
+    assert from_flags("--upstream", URL, "--admin-key", "adm-c").admin_key_digests == (
+        hash_secret("adm-c"),
+    )
+    monkeypatch.setenv("SERVING_ADMIN_KEY", "has space")
+    with pytest.raises(ServingError, match="SERVING_ADMIN_KEY"):
+        GatewaySettings.from_env(upstream=URL)
 
 
 @pytest.mark.parametrize("value", ["has space", "sk-ok,tab\tkey", "nön-ascii"])

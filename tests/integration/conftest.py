@@ -155,10 +155,15 @@ def descendants(pid: int) -> list[psutil.Process]:
 
 @contextmanager
 def serving_up(
-    workdir: Path, *, profile: str | None = None, timeout: float = 900
+    workdir: Path,
+    *,
+    profile: str | None = None,
+    timeout: float = 900,
+    env: dict[str, str] | None = None,
 ) -> Iterator[Stack]:
-    """`serving up` (with `profile`, else the default) as a user starts it; SIGINT at the end,
-    which also checks that no process of the stack outlives it."""
+    """`serving up` (with `profile`, else the default; `env` added to its environment, e.g.
+    gateway settings) as a user starts it; SIGINT at the end, which also checks that no
+    process of the stack outlives it."""
     port, engine_port, launcher_port = free_port(), free_port(), free_port()
     output, keys_db = workdir / "serving-up.out", workdir / "keys.db"
     chosen = [] if profile is None else ["--profile", profile]
@@ -167,7 +172,7 @@ def serving_up(
             [sys.executable, "-m", "serving.cli", "up", *chosen, "--port", str(port),
              "--engine-port", str(engine_port), "--metrics-port", str(launcher_port),
              "--keys-db", str(keys_db)],
-            env=serving_env(SERVING_API_KEY=TEST_KEY),
+            env=serving_env(SERVING_API_KEY=TEST_KEY, **(env or {})),
             stdout=sink, stderr=subprocess.STDOUT, text=True, cwd=REPO,
         )  # fmt: skip
     stack = Stack(f"http://127.0.0.1:{port}", f"http://127.0.0.1:{engine_port}", TEST_KEY,

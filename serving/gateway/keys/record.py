@@ -13,6 +13,8 @@ The declarative form, one entry of a keys file:
       qwen3-tiny: {rpm: 10}
     weight: 2                         # optional (default 1): share of the engine under fair
                                       # sharing, against the other keys waiting
+    default_adapter: team-a-lora      # optional: a request naming a base model is served by
+                                      # this LoRA adapter instead (in `models`, when set)
 
 `new_records` is how every writer makes a new key: the fields checked once, an id and secret
 drawn, the secret hashed.
@@ -45,6 +47,7 @@ _FIELDS = {
     "models",
     "model_limits",
     "weight",
+    "default_adapter",
 }
 MAX_WEIGHT = 1000
 
@@ -60,6 +63,8 @@ class KeyRecord:
     model_limits: Mapping[str, Limits] = field(default_factory=dict)
     revoked: bool = False
     weight: int = 1
+    default_adapter: str | None = None
+    """Requests that name a base model are sent to this adapter instead (`serve_model`)."""
 
     def allows_model(self, model: str) -> bool:
         return not self.models or model in self.models
@@ -80,6 +85,8 @@ class KeyRecord:
             }
         if self.weight != 1:
             document["weight"] = self.weight
+        if self.default_adapter is not None:
+            document["default_adapter"] = self.default_adapter
         return document
 
     @classmethod
@@ -103,6 +110,9 @@ class KeyRecord:
         models = check_models(data.get("models") or [], where=f"{where}.models")
         model_limits = _model_limits(_mapping(data, "model_limits", where), where)
         check_model_limits(model_limits, models, where=f"{where}.model_limits")
+        default_adapter = check_default_adapter(
+            data.get("default_adapter"), models, where=f"{where}.default_adapter"
+        )
         return cls(
             key_id=key_id,
             name=check_name(data.get("name"), where=f"{where}.name"),
@@ -113,6 +123,7 @@ class KeyRecord:
             model_limits=model_limits,
             revoked=revoked,
             weight=check_weight(data.get("weight", 1), where=f"{where}.weight"),
+            default_adapter=default_adapter,
         )
 
 
@@ -123,6 +134,18 @@ def check_weight(value: object, *, where: str) -> int:
     return value
 
 
+def check_default_adapter(value: object, models: tuple[str, ...], *, where: str) -> str | None:
+    """A default adapter the key may use (one outside `models` would send every request to
+    a model the key is refused)."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip():
+        raise ServingError(f"{where} must be an adapter name, got {value!r}")
+    if models and value not in models:
+        raise ServingError(f"{where}: {value!r} is not in the key's models {models}")
+    return value
+
+
 def new_records(
     name: str,
     *,
@@ -130,16 +153,20 @@ def new_records(
     models: Sequence[str] = (),
     model_limits: Mapping[str, Limits] | None = None,
     weight: int = 1,
+    default_adapter: str | None = None,
     now: datetime | None = None,
 ) -> Iterator[tuple[KeyRecord, str]]:
     """Up to `ID_ATTEMPTS` candidates `(record, secret)` for one new key, each with a freshly
     drawn id: a store keeps the first whose id is free. The fields are checked before the
-    first is drawn; errors name them (`name`, `models`, `model_limits`)."""
+    first is drawn; errors name them (`name`, `models`, `model_limits`, ...)."""
     checked_name = check_name(name, where="name")
     checked_models = check_models(list(models), where="models")
     checked_model_limits = dict(model_limits or {})
     check_model_limits(checked_model_limits, checked_models, where="model_limits")
     checked_weight = check_weight(weight, where="weight")
+    checked_adapter = check_default_adapter(
+        default_adapter, checked_models, where="default_adapter"
+    )
     created_at = (now or datetime.now(UTC)).replace(microsecond=0)
     for _ in range(ID_ATTEMPTS):
         key_id, secret = new_secret()
@@ -152,6 +179,7 @@ def new_records(
             models=checked_models,
             model_limits=checked_model_limits,
             weight=checked_weight,
+            default_adapter=checked_adapter,
         )
         yield record, secret
 

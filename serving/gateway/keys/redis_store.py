@@ -147,11 +147,18 @@ class RedisKeyStore:
         models: Sequence[str] = (),
         model_limits: Mapping[str, Limits] | None = None,
         weight: int = 1,
+        default_adapter: str | None = None,
         now: datetime | None = None,
     ) -> tuple[KeyRecord, str]:
         """Store a new key; returns it with its secret, which exists nowhere else."""
         candidates = new_records(
-            name, limits=limits, models=models, model_limits=model_limits, weight=weight, now=now
+            name,
+            limits=limits,
+            models=models,
+            model_limits=model_limits,
+            weight=weight,
+            default_adapter=default_adapter,
+            now=now,
         )
         for record, secret in candidates:
             with self._redis_errors(), self._client.pipeline(transaction=True) as pipe:

@@ -100,11 +100,18 @@ class SqliteKeyStore:
         models: Sequence[str] = (),
         model_limits: Mapping[str, Limits] | None = None,
         weight: int = 1,
+        default_adapter: str | None = None,
         now: datetime | None = None,
     ) -> tuple[KeyRecord, str]:
         """Store a new key; returns it with its secret, which exists nowhere else."""
         candidates = new_records(
-            name, limits=limits, models=models, model_limits=model_limits, weight=weight, now=now
+            name,
+            limits=limits,
+            models=models,
+            model_limits=model_limits,
+            weight=weight,
+            default_adapter=default_adapter,
+            now=now,
         )
         for record, secret in candidates:
             try:
@@ -132,7 +139,7 @@ class SqliteKeyStore:
         document = record.to_document()
         policy = {
             name: document[name]
-            for name in ("limits", "models", "model_limits", "weight")
+            for name in ("limits", "models", "model_limits", "weight", "default_adapter")
             if name in document
         }
         with self._lock:

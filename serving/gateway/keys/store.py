@@ -49,6 +49,7 @@ class WritableKeyStore(KeyStore, Protocol):
         models: Sequence[str] = (),
         model_limits: Mapping[str, Limits] | None = None,
         weight: int = 1,
+        default_adapter: str | None = None,
         now: datetime | None = None,
     ) -> tuple[KeyRecord, str]:
         """Store a new key; returns it with its secret, which is stored nowhere."""

@@ -37,9 +37,10 @@ import dns.exception
 import dns.rdatatype
 import dns.resolver
 
+from serving.gateway.addresses import parse_nameserver
 from serving.gateway.periodic import Periodic
 from serving.gateway.routing.router import Engine, Router
-from serving.gateway.settings import GatewaySettings, parse_nameserver
+from serving.gateway.settings import GatewaySettings
 from serving.gateway.upstream import UpstreamClient
 
 logger = logging.getLogger(__name__)

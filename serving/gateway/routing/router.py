@@ -109,14 +109,26 @@ class Router:
         """Whether `choose` uses prompt prefixes (only worth computing then)."""
         return self.policy == "affinity" and len(self.engines) > 1
 
-    def choose(self, prefixes: Sequence[int] = (), exclude: Engine | None = None) -> Engine | None:
-        """The engine for a request; None when no engine (other than `exclude`) is in the
+    def choose(
+        self,
+        prefixes: Sequence[int] = (),
+        exclude: Engine | None = None,
+        among: frozenset[int] | None = None,
+    ) -> Engine | None:
+        """The engine for a request; None when no engine (other than `exclude`, and with
+        `among`, whose id is in it: the engines serving the request's model) is in the
         rotation."""
         engines = self.engines
         if len(engines) == 1:
             only = engines[0]
-            return only if only.reason is None and only is not exclude else None
-        eligible = [engine.reason is None and engine is not exclude for engine in engines]
+            usable = only.reason is None and only is not exclude
+            return only if usable and (among is None or only.index in among) else None
+        eligible = [
+            engine.reason is None
+            and engine is not exclude
+            and (among is None or engine.index in among)
+            for engine in engines
+        ]
         if self.policy == "round-robin":
             return self._in_turn(eligible)
         least = self._least_loaded(eligible)

@@ -35,8 +35,9 @@ def test_create_get_list_round_trip(redis_keys: StoreFactory, url: str) -> None:
         models=["m1", "m2"],
         model_limits={"m1": Limits(rpm=5)},
         weight=4,
+        default_adapter="m1",
     )
-    assert record.weight == 4
+    assert (record.weight, record.default_adapter) == (4, "m1")
     assert record.secret_sha256 == hash_secret(secret)
     assert not record.revoked
     assert store.get(record.key_id) == record  # its own write, at once

@@ -1,0 +1,192 @@
+"""A usage report: what it asks for, its one JSON shape, and that JSON as CSV or a table.
+
+    query = report_query("2026-03-01", "2026-03-31", None)   # ReportQueryError names a param
+    report = build_report(query, rows, name_of)    # what GET /admin/v1/usage answers
+    text = render(report, "table")                 # `serving usage report`: table, csv, json
+
+The JSON, built here alone, so the endpoint and `serving usage report --format json` give
+the same document:
+
+    {"object": "usage_report", "from": "2026-03-01", "to": "2026-03-31", "key_id": null,
+     "rows": [{"day": "2026-03-01", "key_id": "key_5e01c9a7", "key_name": "team-a",
+               "model": "qwen3-tiny", "prompt_tokens": 120, "completion_tokens": 48,
+               "total_tokens": 168}, ...],
+     "keys": [{"key_id": "key_5e01c9a7", "key_name": "team-a", "prompt_tokens": 120,
+               "completion_tokens": 48, "total_tokens": 168,
+               "models": [{"model": "qwen3-tiny", "prompt_tokens": 120, ...}, ...]}, ...],
+     "total": {"prompt_tokens": 120, "completion_tokens": 48, "total_tokens": 168}}
+
+Rows are sorted by day, key id and model, keys by key id. `key_name` is null for a key no
+key store holds (a development key, a deleted one). `model` is the gateway's metrics label:
+the model or adapter name the engines serve, `other` for anything else. CSV holds the rows
+alone, a header first, for a spreadsheet to add up; the table adds totals per key and in all.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import date
+from typing import Any
+
+from serving.gateway.auth import DEV_KEY_ID
+from serving.gateway.keys.credentials import is_key_id
+from serving.gateway.usage_ledger.tally import UsageRow
+
+FORMATS = ("table", "csv", "json")
+# Bounds the days one report reads (one HGETALL each in Redis): ten years.
+MAX_DAYS = 3660
+CSV_COLUMNS = (
+    "day", "key_id", "key_name", "model", "prompt_tokens", "completion_tokens", "total_tokens",
+)  # fmt: skip
+_DAY = re.compile(r"\d{4}-\d{2}-\d{2}")
+_DEV_KEY_ID = re.compile(rf"{DEV_KEY_ID}(-\d{{1,4}})?")
+
+Report = dict[str, Any]
+NameOf = Callable[[str], str | None]
+
+
+class ReportQueryError(ValueError):
+    """A bad query; `param` names it (`from`, `to`, `key`), the message does not."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+@dataclass(frozen=True, slots=True)
+class ReportQuery:
+    first: str
+    last: str
+    key_id: str | None = None
+
+
+def report_query(first: str | None, last: str | None, key_id: str | None) -> ReportQuery:
+    """The days from `first` to `last` (YYYY-MM-DD, UTC, both included), of one key or all."""
+    start, end = _day("from", first), _day("to", last)
+    if end < start:
+        raise ReportQueryError("to", f"{end} is before the first day ({start})")
+    if (end - start).days >= MAX_DAYS:
+        raise ReportQueryError("to", f"a report covers at most {MAX_DAYS} days")
+    if key_id is not None and not (is_key_id(key_id) or _DEV_KEY_ID.fullmatch(key_id)):
+        # Not echoed: a secret pasted by mistake must not travel on.
+        raise ReportQueryError("key", "is not a key id (e.g. key_5e01c9a7, or dev)")
+    return ReportQuery(start.isoformat(), end.isoformat(), key_id)
+
+
+def _day(param: str, text: str | None) -> date:
+    if text is None or not text:
+        raise ReportQueryError(param, "is required (a UTC day, YYYY-MM-DD)")
+    try:
+        if not _DAY.fullmatch(text):
+            raise ValueError(text)
+        return date.fromisoformat(text)
+    except ValueError:
+        raise ReportQueryError(param, f"{text[:40]!r} is not a day (YYYY-MM-DD)") from None
+
+
+def _tokens(prompt: int, completion: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }
+
+
+def build_report(query: ReportQuery, rows: Iterable[UsageRow], name_of: NameOf) -> Report:
+    """The report's JSON (see the module docstring); `name_of` gives a key id's name."""
+    names: dict[str, str | None] = {}
+
+    def name(key_id: str) -> str | None:
+        if key_id not in names:
+            names[key_id] = name_of(key_id)
+        return names[key_id]
+
+    listed: list[dict[str, Any]] = []
+    per_key: dict[str, dict[str, list[int]]] = {}
+    for row in sorted(rows):
+        listed.append(
+            {"day": row.day, "key_id": row.key_id, "key_name": name(row.key_id),
+             "model": row.model, **_tokens(row.prompt_tokens, row.completion_tokens)}
+        )  # fmt: skip
+        counts = per_key.setdefault(row.key_id, {}).setdefault(row.model, [0, 0])
+        counts[0] += row.prompt_tokens
+        counts[1] += row.completion_tokens
+    keys: list[dict[str, Any]] = []
+    for key_id in sorted(per_key):
+        models = per_key[key_id]
+        prompt = sum(counts[0] for counts in models.values())
+        completion = sum(counts[1] for counts in models.values())
+        keys.append(
+            {"key_id": key_id, "key_name": name(key_id), **_tokens(prompt, completion),
+             "models": [{"model": model, **_tokens(*models[model])} for model in sorted(models)]}
+        )  # fmt: skip
+    total = _tokens(
+        sum(key["prompt_tokens"] for key in keys), sum(key["completion_tokens"] for key in keys)
+    )
+    return {
+        "object": "usage_report",
+        "from": query.first,
+        "to": query.last,
+        "key_id": query.key_id,
+        "rows": listed,
+        "keys": keys,
+        "total": total,
+    }
+
+
+def render(report: Report, form: str) -> str:
+    """The report as `serving usage report` prints it (`form` one of FORMATS)."""
+    if form == "json":
+        return json.dumps(report, indent=2) + "\n"
+    if form == "csv":
+        return render_csv(report)
+    if form == "table":
+        return render_table(report)
+    raise ValueError(f"not a report format: {form!r}")
+
+
+def render_csv(report: Report) -> str:
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(CSV_COLUMNS)
+    for row in report["rows"]:
+        writer.writerow(["" if row[column] is None else row[column] for column in CSV_COLUMNS])
+    return out.getvalue()
+
+
+def render_table(report: Report) -> str:
+    whose = f"key {report['key_id']}" if report["key_id"] else "all keys"
+    heading = f"usage from {report['from']} to {report['to']} (UTC), {whose}"
+    if not report["rows"]:
+        return f"{heading}: none\n"
+    numbers = ("PROMPT", "COMPLETION", "TOTAL")
+    days: list[tuple[str, ...]] = [("DAY", "KEY_ID", "NAME", "MODEL", *numbers)]
+    days += [
+        (row["day"], row["key_id"], row["key_name"] or "-", row["model"], *_counts(row))
+        for row in report["rows"]
+    ]
+    keys: list[tuple[str, ...]] = [("KEY_ID", "NAME", *numbers)]
+    keys += [(key["key_id"], key["key_name"] or "-", *_counts(key)) for key in report["keys"]]
+    keys.append(("all", "", *_counts(report["total"])))
+    return "\n".join([heading, "", *_aligned(days, 4), "", *_aligned(keys, 2)]) + "\n"
+
+
+def _counts(entry: dict[str, Any]) -> tuple[str, str, str]:
+    return str(entry["prompt_tokens"]), str(entry["completion_tokens"]), str(entry["total_tokens"])
+
+
+def _aligned(rows: list[tuple[str, ...]], texts: int) -> list[str]:
+    """Columns padded to their widest cell: the first `texts` left-aligned, numbers right."""
+    widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
+    return [
+        "  ".join(
+            cell.ljust(width) if column < texts else cell.rjust(width)
+            for column, (cell, width) in enumerate(zip(row, widths, strict=True))
+        ).rstrip()
+        for row in rows
+    ]

@@ -1,0 +1,142 @@
+"""Usage reports in a running gateway: its ledger, and GET /admin/v1/usage.
+
+    self.usage = install_usage_reports(self)   # in GatewayApp.__init__, after self.admin
+    self.usage.record(record)                  # every API request, beside metrics.observe
+
+Where usage goes follows where the deployment's state is: Redis with `redis_url` (the
+replicas add into the same hashes), else keys.db's table `usage_days` (the same file as the
+keys and the budget journal), kept `usage_retention_days` days (`usage_ledger`). Recording
+at the point where `gateway_tokens_total` is observed, from the same record, is what makes
+the report agree with that counter. A gateway with neither (development keys alone) records
+nothing, and the endpoint says so (404 `usage_not_recorded`) rather than report what a
+restart would forget.
+
+    GET /admin/v1/usage?from=2026-03-01&to=2026-03-31[&key=key_5e01c9a7]
+
+answers `usage_ledger.report.build_report`'s JSON, the same as `serving usage report
+--format json`, behind the admin keys (`admin.api`). It first writes what this gateway has
+recorded and not written yet, so its own requests are all in; other replicas' last
+`FLUSH_INTERVAL_S` may not be.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from serving.gateway.auth import Authenticator, KeyStoreAuthenticator
+from serving.gateway.errors import GatewayError, InvalidRequestError
+from serving.gateway.settings import GatewaySettings
+from serving.gateway.usage_ledger.recorder import LedgerStore, TokenRecord, UsageRecorder
+from serving.gateway.usage_ledger.report import (
+    NameOf,
+    Report,
+    ReportQueryError,
+    build_report,
+    report_query,
+)
+
+if TYPE_CHECKING:
+    from serving.gateway.admin.api import AdminRequest
+    from serving.gateway.app import GatewayApp
+
+logger = logging.getLogger(__name__)
+
+USAGE_PATH = "/admin/v1/usage"
+QUERY_PARAMS = ("from", "to", "key")
+# How long a report waits for this gateway's unwritten usage before it reads anyway.
+FLUSH_WAIT_S = 5.0
+
+
+class UsageNotRecordedError(GatewayError):
+    status = 404
+    type = "invalid_request_error"
+    code = "usage_not_recorded"
+
+
+class UsageStoreUnavailableError(GatewayError):
+    status = 503
+    type = "server_error"
+    code = "usage_store_unavailable"
+
+
+class NotRecorded:
+    """The ledger of a gateway with nowhere durable to keep usage: records nothing."""
+
+    def record(self, record: TokenRecord) -> None:
+        pass
+
+
+def open_ledger(settings: GatewaySettings) -> UsageRecorder | None:
+    """The recorder over the deployment's store (keys.db's tables are created here; Redis is
+    connected to at the first write); None when there is neither Redis nor keys.db."""
+    store: LedgerStore
+    retention = settings.usage_retention_days
+    if settings.redis_url:
+        # Imported here, like the Redis key store: a gateway without Redis does not need it.
+        from serving.gateway.usage_ledger.redis_store import RedisUsageStore
+
+        store = RedisUsageStore.from_url(settings.redis_url, retention_days=retention)
+    elif settings.keys_db:
+        from serving.gateway.usage_ledger.sqlite_store import SqliteUsageStore
+
+        store = SqliteUsageStore(Path(settings.keys_db), retention_days=retention)
+    else:
+        return None
+    return UsageRecorder(store)
+
+
+def key_names(authenticator: Authenticator) -> NameOf:
+    """A key id's name as the gateway's key stores know it."""
+    if isinstance(authenticator, KeyStoreAuthenticator):
+        return authenticator.key_name
+    return lambda key_id: None
+
+
+class UsageEndpoint:
+    """GET /admin/v1/usage: the report over this gateway's ledger."""
+
+    def __init__(self, recorder: UsageRecorder | None, name_of: NameOf) -> None:
+        self._recorder = recorder
+        self._name_of = name_of
+
+    async def handle(self, request: AdminRequest) -> tuple[int, Report]:
+        for param in request.query:
+            if param not in QUERY_PARAMS:
+                raise InvalidRequestError(
+                    f"Unknown query parameter {param!r}: this route takes from, to and key.",
+                    param=param,
+                )
+        try:
+            query = report_query(
+                request.query.get("from"), request.query.get("to"), request.query.get("key")
+            )
+        except ReportQueryError as exc:
+            raise InvalidRequestError(f"{exc.param}: {exc}", param=exc.param) from None
+        recorder = self._recorder
+        if recorder is None:
+            raise UsageNotRecordedError(
+                "This gateway records no usage: it has neither a key database (--keys-db) "
+                "nor Redis (--redis-url)."
+            )
+        await recorder.flush(FLUSH_WAIT_S)
+        try:
+            rows = await recorder.read(query.first, query.last, query.key_id)
+        except Exception as exc:  # Redis down, keys.db unreadable: the operator may retry
+            logger.warning("usage report: the usage store could not be read: %s", exc)
+            raise UsageStoreUnavailableError(
+                f"The usage store could not be read ({type(exc).__name__}); try again."
+            ) from exc
+        return 200, build_report(query, rows, self._name_of)
+
+
+def install_usage_reports(app: GatewayApp) -> UsageRecorder | NotRecorded:
+    """Open the app's ledger, serve its reports on the admin API, close it at shutdown."""
+    recorder = open_ledger(app.settings)
+    endpoint = UsageEndpoint(recorder, key_names(app.authenticator))
+    app.admin.add("GET", USAGE_PATH, endpoint.handle)
+    if recorder is None:
+        return NotRecorded()
+    app.async_closers.append(recorder.close)
+    return recorder

@@ -1,0 +1,147 @@
+"""The report: its query's checks (each naming its parameter), the one JSON shape, and that
+JSON as CSV and as a table."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+
+import pytest
+
+from serving.gateway.usage_ledger.report import (
+    MAX_DAYS,
+    ReportQuery,
+    ReportQueryError,
+    build_report,
+    render,
+    report_query,
+)
+from serving.gateway.usage_ledger.tally import UsageRow
+
+QUERY = ReportQuery("2026-03-01", "2026-03-31")
+ROWS = [
+    UsageRow("2026-03-02", "key_5e01c9a7", "qwen3-tiny", 100, 40),
+    UsageRow("2026-03-01", "key_5e01c9a7", "team-a-lora", 20, 8),
+    UsageRow("2026-03-01", "dev", "qwen3-tiny", 3, 1),
+    UsageRow("2026-03-01", "key_5e01c9a7", "qwen3-tiny", 7, 2),
+]
+NAMES = {"key_5e01c9a7": "team-a"}
+
+
+def test_the_query_is_two_utc_days_and_maybe_a_key() -> None:
+    assert report_query("2026-03-01", "2026-03-31", None) == QUERY
+    assert report_query("2026-03-01", "2026-03-01", "key_5e01c9a7").key_id == "key_5e01c9a7"
+    assert report_query("2026-03-01", "2026-03-01", "dev-2").key_id == "dev-2"
+
+
+@pytest.mark.parametrize(
+    ("first", "last", "key", "param", "message"),
+    [
+        (None, "2026-03-01", None, "from", "is required (a UTC day, YYYY-MM-DD)"),
+        ("", "2026-03-01", None, "from", "is required"),
+        ("2026-3-1", "2026-03-01", None, "from", "'2026-3-1' is not a day (YYYY-MM-DD)"),
+        ("2026-03-01", "2026-02-30", None, "to", "'2026-02-30' is not a day"),
+        ("2026-03-01", "yesterday", None, "to", "'yesterday' is not a day"),
+        ("2026-03-02", "2026-03-01", None, "to", "2026-03-01 is before the first day"),
+        ("2000-01-01", "2026-03-01", None, "to", f"at most {MAX_DAYS} days"),
+        ("2026-03-01", "2026-03-01", "team-a", "key", "is not a key id"),
+    ],
+)
+def test_a_bad_query_names_its_parameter(
+    first: str | None, last: str | None, key: str | None, param: str, message: str
+) -> None:
+    with pytest.raises(ReportQueryError) as raised:
+        report_query(first, last, key)
+    assert raised.value.param == param
+    assert message in str(raised.value)
+
+
+def test_a_secret_given_as_the_key_is_refused_and_not_echoed() -> None:
+    secret = "sk-5e01c9a7-" + "A" * 40
+    with pytest.raises(ReportQueryError) as raised:
+        report_query("2026-03-01", "2026-03-01", secret)
+    assert raised.value.param == "key" and "AAAA" not in str(raised.value)
+
+
+def test_the_json_has_rows_totals_per_key_and_model_and_a_total() -> None:
+    report = build_report(QUERY, ROWS, NAMES.get)
+    assert report == {
+        "object": "usage_report",
+        "from": "2026-03-01",
+        "to": "2026-03-31",
+        "key_id": None,
+        "rows": [
+            {"day": "2026-03-01", "key_id": "dev", "key_name": None, "model": "qwen3-tiny",
+             "prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
+            {"day": "2026-03-01", "key_id": "key_5e01c9a7", "key_name": "team-a",
+             "model": "qwen3-tiny", "prompt_tokens": 7, "completion_tokens": 2,
+             "total_tokens": 9},
+            {"day": "2026-03-01", "key_id": "key_5e01c9a7", "key_name": "team-a",
+             "model": "team-a-lora", "prompt_tokens": 20, "completion_tokens": 8,
+             "total_tokens": 28},
+            {"day": "2026-03-02", "key_id": "key_5e01c9a7", "key_name": "team-a",
+             "model": "qwen3-tiny", "prompt_tokens": 100, "completion_tokens": 40,
+             "total_tokens": 140},
+        ],
+        "keys": [
+            {"key_id": "dev", "key_name": None, "prompt_tokens": 3, "completion_tokens": 1,
+             "total_tokens": 4, "models": [
+                 {"model": "qwen3-tiny", "prompt_tokens": 3, "completion_tokens": 1,
+                  "total_tokens": 4}]},
+            {"key_id": "key_5e01c9a7", "key_name": "team-a", "prompt_tokens": 127,
+             "completion_tokens": 50, "total_tokens": 177, "models": [
+                 {"model": "qwen3-tiny", "prompt_tokens": 107, "completion_tokens": 42,
+                  "total_tokens": 149},
+                 {"model": "team-a-lora", "prompt_tokens": 20, "completion_tokens": 8,
+                  "total_tokens": 28}]},
+        ],
+        "total": {"prompt_tokens": 130, "completion_tokens": 51, "total_tokens": 181},
+    }  # fmt: skip
+    assert json.loads(render(report, "json")) == report
+
+
+def test_names_are_looked_up_once_per_key() -> None:
+    asked: list[str] = []
+
+    def name_of(key_id: str) -> str | None:
+        asked.append(key_id)
+        return NAMES.get(key_id)
+
+    build_report(QUERY, ROWS, name_of)
+    assert sorted(asked) == ["dev", "key_5e01c9a7"]
+
+
+def test_csv_is_the_rows_with_a_header() -> None:
+    text = render(build_report(QUERY, ROWS, NAMES.get), "csv")
+    assert text.splitlines() == [
+        "day,key_id,key_name,model,prompt_tokens,completion_tokens,total_tokens",
+        "2026-03-01,dev,,qwen3-tiny,3,1,4",
+        "2026-03-01,key_5e01c9a7,team-a,qwen3-tiny,7,2,9",
+        "2026-03-01,key_5e01c9a7,team-a,team-a-lora,20,8,28",
+        "2026-03-02,key_5e01c9a7,team-a,qwen3-tiny,100,40,140",
+    ]
+    assert len(list(csv.DictReader(io.StringIO(text)))) == 4
+
+
+def test_the_table_has_the_rows_then_totals_per_key_and_in_all() -> None:
+    text = render(build_report(QUERY, ROWS, NAMES.get), "table")
+    assert text == (
+        "usage from 2026-03-01 to 2026-03-31 (UTC), all keys\n"
+        "\n"
+        "DAY         KEY_ID        NAME    MODEL        PROMPT  COMPLETION  TOTAL\n"
+        "2026-03-01  dev           -       qwen3-tiny        3           1      4\n"
+        "2026-03-01  key_5e01c9a7  team-a  qwen3-tiny        7           2      9\n"
+        "2026-03-01  key_5e01c9a7  team-a  team-a-lora      20           8     28\n"
+        "2026-03-02  key_5e01c9a7  team-a  qwen3-tiny      100          40    140\n"
+        "\n"
+        "KEY_ID        NAME    PROMPT  COMPLETION  TOTAL\n"
+        "dev           -            3           1      4\n"
+        "key_5e01c9a7  team-a     127          50    177\n"
+        "all                      130          51    181\n"
+    )
+    empty = build_report(ReportQuery("2026-03-01", "2026-03-01", "dev"), [], NAMES.get)
+    assert render(empty, "table") == "usage from 2026-03-01 to 2026-03-01 (UTC), key dev: none\n"
+    assert render(empty, "csv").count("\n") == 1
+    with pytest.raises(ValueError, match="not a report format"):
+        render(empty, "xml")
