@@ -358,15 +358,27 @@ def build() -> dict[str, Any]:
     )
     board.add(
         timeseries_panel(
-            "Budget flush failures per second",
+            "Write and sync failures per second",
             EVENTS_PER_S,
             [
                 Query(
                     _sum_rate("gateway_budget_flush_failures_total", GATEWAYS, "instance"),
-                    "{{instance}}",
-                )
+                    "budgets {{instance}}",
+                ),
+                Query(
+                    _sum_rate("gateway_usage_write_failures_total", GATEWAYS, "instance"),
+                    "usage ledger {{instance}}",
+                ),
+                Query(
+                    _sum_rate("gateway_adapter_sync_errors_total", GATEWAYS, "instance"),
+                    "adapter sync {{instance}}",
+                ),
             ],
-            description="Failed writes of day/month budgets to keys.db (rolled back, retried).",
+            description=(
+                "Failed writes of day/month budgets to keys.db and of the usage ledger (keys.db "
+                "or Redis), both retried; runtime LoRA adapter loads or unloads an engine "
+                "refused (retried every round)."
+            ),
             width=8,
         )
     )

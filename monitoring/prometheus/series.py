@@ -57,6 +57,7 @@ SCRAPED: tuple[Scraped, ...] = (
     Scraped("gateway_upstream_healthy", "gauge", GATEWAY),
     Scraped("gateway_engine_in_rotation", "gauge", GATEWAY),
     Scraped("gateway_budget_flush_failures", "counter", GATEWAY),
+    Scraped("gateway_usage_write_failures", "counter", GATEWAY),
     Scraped("gateway_queue_timeouts", "counter", GATEWAY),
     # vLLM (labels: model_name, engine)
     Scraped("vllm:prompt_tokens", "counter", ENGINE),

@@ -177,6 +177,9 @@ class GatewayApp:
         self.metrics = GatewayMetrics(
             leases=store.active_leases,
             budget_flush_failures=journal.failures if journal is not None else lambda: 0,
+            # read at each scrape: the ledger and the adapters are set up further down
+            usage_write_failures=lambda: self.usage.failures(),
+            adapter_sync_errors=lambda: self.adapters.errors,
             quota_store_up=(lambda: shared_quota.up) if shared_quota else lambda: True,
             quota_store_errors=(lambda: shared_quota.errors) if shared_quota else lambda: 0,
             keys_file_up=self._refresh_keys_file,

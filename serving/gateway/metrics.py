@@ -35,6 +35,10 @@ engines):
     gateway_quota_leases                           quota leases held (0 when idle)
     gateway_budget_flush_failures_total            failed writes of day/month budgets to
                                                    keys.db (each is rolled back and retried)
+    gateway_usage_write_failures_total             failed writes of the usage ledger (keys.db
+                                                   or Redis; each batch is retried)
+    gateway_adapter_sync_errors_total              runtime LoRA adapter loads or unloads an
+                                                   engine refused (retried every round)
     gateway_quota_store_up                         1 when the shared quota store (Redis)
                                                    answered the last call; 1 without one
     gateway_quota_store_errors_total               calls to the shared quota store that failed
@@ -142,6 +146,8 @@ class GatewayMetrics:
         *,
         leases: Callable[[], int] = lambda: 0,
         budget_flush_failures: Callable[[], int] = lambda: 0,
+        usage_write_failures: Callable[[], int] = lambda: 0,
+        adapter_sync_errors: Callable[[], int] = lambda: 0,
         quota_store_up: Callable[[], bool] = lambda: True,
         quota_store_errors: Callable[[], int] = lambda: 0,
         keys_file_up: Callable[[], bool] = lambda: True,
@@ -160,6 +166,8 @@ class GatewayMetrics:
         self.upstream_healthy = 0.0
         self._leases = leases
         self._budget_flush_failures = budget_flush_failures
+        self._usage_write_failures = usage_write_failures
+        self._adapter_sync_errors = adapter_sync_errors
         self._quota_store_up = quota_store_up
         self._quota_store_errors = quota_store_errors
         self._keys_file_up = keys_file_up
@@ -255,6 +263,16 @@ class GatewayMetrics:
             "gateway_budget_flush_failures",
             "Failed transactions writing day/month budgets (each is rolled back and retried).",
             value=self._budget_flush_failures(),
+        )
+        yield CounterMetricFamily(
+            "gateway_usage_write_failures",
+            "Failed writes of the usage ledger (each batch is retried, never added twice).",
+            value=self._usage_write_failures(),
+        )
+        yield CounterMetricFamily(
+            "gateway_adapter_sync_errors",
+            "Runtime LoRA adapter loads or unloads an engine refused (retried every round).",
+            value=self._adapter_sync_errors(),
         )
         yield GaugeMetricFamily(
             "gateway_quota_store_up",

@@ -67,6 +67,9 @@ class NotRecorded:
     def record(self, record: TokenRecord) -> None:
         pass
 
+    def failures(self) -> int:
+        return 0
+
 
 def open_ledger(settings: GatewaySettings) -> UsageRecorder | None:
     """The recorder over the deployment's store (keys.db's tables are created here; Redis is

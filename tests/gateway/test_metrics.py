@@ -28,6 +28,8 @@ SERIES = (
     "gateway_quota_store_up",
     "gateway_quota_store_errors_total",
     "gateway_keys_file_up",
+    "gateway_usage_write_failures_total",
+    "gateway_adapter_sync_errors_total",
 )
 
 
@@ -88,3 +90,15 @@ def test_each_app_has_its_own_registry() -> None:
     first.observe(record, ended=0.1)
     assert b'status="499"' in first.render()
     assert b'gateway_quota_rejections_total{key="k",reason="rpm"} 1.0' in first.render()
+
+
+def test_ledger_and_adapter_failures_are_counters_read_at_each_scrape() -> None:
+    failures = [0]
+    metrics = GatewayMetrics(
+        usage_write_failures=lambda: failures[0], adapter_sync_errors=lambda: 2
+    )
+    text = metrics.render().decode()
+    assert "gateway_usage_write_failures_total 0.0" in text
+    assert "gateway_adapter_sync_errors_total 2.0" in text
+    failures[0] = 3
+    assert "gateway_usage_write_failures_total 3.0" in metrics.render().decode()

@@ -11,6 +11,7 @@ import pytest
 from tests.gateway.adapters.conftest import ADMIN, gateway_for
 from tests.gateway.conftest import GatewayFactory, eventually
 from tests.gateway.fake_upstream import FakeUpstream
+from tests.gateway.scrape import scrape, value
 from tests.gateway.servers import TEST_KEY, GatewayServer, http_client
 from tests.gateway.test_completions import body, post
 
@@ -87,6 +88,8 @@ def test_a_path_no_engine_can_load_is_refused_naming_why(
         assert all(engine.adapters == {} for engine in engines)
         listed = admin.get(PATH).json()["data"]
         assert [(entry["name"], entry["state"]) for entry in listed] == [("team-a", "removed")]
+    # both engines refused it once: the errors are counted for the dashboard
+    assert value(scrape(gateway), "gateway_adapter_sync_errors_total") >= 2
 
 
 @pytest.mark.parametrize(
