@@ -208,3 +208,13 @@ def test_a_profile_with_lora_adapters_is_refused_naming_the_field() -> None:
     # No init container fetches or builds adapters yet: a pod would start without their files.
     with pytest.raises(ServingError, match=r"field 'lora\.adapters': LoRA adapters are not dep"):
         engine_patch(load_profile("cpu-tiny-lora"))
+
+
+def test_a_profile_for_runtime_adapters_renders_with_lora_on() -> None:
+    # LoRA on with no adapters listed: the gateway loads them at run time (docs/adapters.md).
+    profile = load_profile("cpu-tiny-lora")
+    assert profile.lora is not None
+    runtime = profile.model_copy(update={"lora": profile.lora.model_copy(update={"adapters": ()})})
+    container = vllm(runtime)
+    assert engine_flag("enable_lora") in container["args"]
+    assert {"name": "VLLM_ALLOW_RUNTIME_LORA_UPDATING", "value": "1"} in container["env"]
