@@ -238,6 +238,7 @@ def run(args: argparse.Namespace) -> int:
                 **gateway_image_settings(profile),
                 "engine_slots": profile.max_num_seqs,
                 "scheduling": args.scheduling,
+                "engine_priority": str(profile.scheduling_policy == "priority").lower(),
             },
         )
         first = supervisors[0].current

@@ -58,6 +58,7 @@ ENGINE_FLAGS: dict[str, str] = {
     "quantization": "--quantization",
     "distributed_executor_backend": "--distributed-executor-backend",
     "max_num_batched_tokens": "--max-num-batched-tokens",
+    "scheduling_policy": "--scheduling-policy",
     "block_size": "--block-size",
     "enforce_eager": "--enforce-eager",
     "cpu_offload_gb": "--cpu-offload-gb",
@@ -151,6 +152,8 @@ def engine_args(
         args += _option("distributed_executor_backend", profile.distributed_executor_backend)
     if profile.max_num_batched_tokens is not None:
         args += _option("max_num_batched_tokens", profile.max_num_batched_tokens)
+    if profile.scheduling_policy != "fcfs":
+        args += _option("scheduling_policy", profile.scheduling_policy)
     if profile.block_size is not None:
         args += _option("block_size", profile.block_size)
     if profile.enforce_eager:

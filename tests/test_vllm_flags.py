@@ -78,6 +78,7 @@ def test_profile_flags_are_accepted_by_vllm(profile: Profile) -> None:
     if profile.device == "gpu":
         assert built.gpu_memory_utilization == profile.gpu_memory_utilization
     assert bool(built.enable_lora) == (profile.lora is not None)
+    assert built.scheduling_policy == profile.scheduling_policy
 
 
 def lora_config_from(namespace: argparse.Namespace) -> Any:
@@ -252,6 +253,7 @@ def test_every_engine_flag_is_one_vllms_server_takes() -> None:
             "kv_cache_memory_bytes": 9 << 20,
             "limit_mm_per_prompt": {"image": 4, "video": 0},
             "tool_strict_level": "parameter",
+            "scheduling_policy": "priority",
             "lora": Lora(
                 max_loras=4,
                 max_lora_rank=16,

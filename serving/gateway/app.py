@@ -204,6 +204,7 @@ class GatewayApp:
             ImagePolicy.from_settings(settings),
             queue=self.queue,
             retry_after_s=settings.retry_after_s,
+            engine_priority=settings.engine_priority,
         )
         self.health = HealthMonitor(
             self.router, self.catalog, self.metrics, interval_s=settings.health_interval_s

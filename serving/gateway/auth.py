@@ -46,6 +46,11 @@ class Caller(QuotaSubject, Protocol):
         """The adapter that serves its requests for a base model, if any."""
         ...
 
+    @property
+    def priority(self) -> int:
+        """vLLM's priority for its requests (lower first), sent with engine_priority."""
+        ...
+
     def allows_model(self, model: str) -> bool: ...
 
 
@@ -59,6 +64,7 @@ class Principal:
     models: tuple[str, ...] = ()
     weight: int = 1
     default_adapter: str | None = None
+    priority: int = 0
 
     def allows_model(self, model: str) -> bool:
         return not self.models or model in self.models

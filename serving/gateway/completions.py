@@ -82,6 +82,7 @@ class Completions:
         *,
         queue: FairQueue | None = None,
         retry_after_s: int = 1,
+        engine_priority: bool = False,
     ) -> None:
         self._engine = engine
         self._proxy = proxy
@@ -89,6 +90,7 @@ class Completions:
         self.images = images or ImagePolicy.defaults()
         self._queue = queue
         self._retry_after_s = retry_after_s
+        self._engine_priority = engine_priority
         self._running: set[Lease] = set()
 
     async def handle(
@@ -178,7 +180,12 @@ class Completions:
             request.method,
             request.target,
             request.headers,
-            render_upstream_body(parsed, max_tokens=decision.max_tokens, model=model),
+            render_upstream_body(
+                parsed,
+                max_tokens=decision.max_tokens,
+                model=model,
+                priority=caller.priority if self._engine_priority else 0,
+            ),
             request.request_id,
             response_headers=rate_limit_raw_headers(decision.rate_limit),
             meter=meter,

@@ -88,6 +88,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "when that is given), so the key gets its fine-tune under the base model's name",
     )
     create.add_argument(
+        "--priority",
+        type=int,
+        default=0,
+        metavar="N",
+        help="vLLM's priority for the key's requests, lower first (-100 to 100, default: 0); "
+        "sent when the gateway runs with --engine-priority",
+    )
+    create.add_argument(
         "--emit-yaml",
         action="store_true",
         help="print a keys-file entry (for a Kubernetes Secret) instead of storing the key",
@@ -139,6 +147,7 @@ def _act(store: WritableKeyStore, args: argparse.Namespace) -> int:
             model_limits=model_limits,
             weight=_weight(args),
             default_adapter=_default_adapter(args, models),
+            priority=_priority(args),
         )
         print(f"created {record.key_id} ({record.name}) in {store.location}")
         print(f"secret: {secret}")
@@ -168,6 +177,7 @@ def _emit_yaml(args: argparse.Namespace) -> int:
             model_limits=model_limits,
             weight=_weight(args),
             default_adapter=_default_adapter(args, models),
+            priority=_priority(args),
         )
     )
     # The YAML goes to stdout so it can be redirected into a file; the secret to the terminal.
@@ -181,6 +191,12 @@ def _default_adapter(args: argparse.Namespace, models: tuple[str, ...]) -> str |
     from serving.gateway.keys.record import check_default_adapter
 
     return check_default_adapter(args.default_adapter, models, where="--default-adapter")
+
+
+def _priority(args: argparse.Namespace) -> int:
+    from serving.gateway.keys.record import check_priority
+
+    return check_priority(args.priority, where="--priority")
 
 
 def _weight(args: argparse.Namespace) -> int:
@@ -309,6 +325,7 @@ def _print_record(record: KeyRecord) -> None:
         ("models", ", ".join(record.models) or "all"),
         ("weight", str(record.weight)),
         ("default adapter", record.default_adapter or "-"),
+        ("priority", str(record.priority)),
     ]
     for model, limits in record.model_limits.items():
         settings = ", ".join(f"{name}={value}" for name, value in limits.to_mapping().items())

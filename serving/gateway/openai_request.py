@@ -169,22 +169,25 @@ def check_tokenize_body(body: bytes, images: ImagePolicy) -> None:
 
 
 def render_upstream_body(
-    request: CompletionRequest, *, max_tokens: int, model: str | None = None
+    request: CompletionRequest, *, max_tokens: int, model: str | None = None, priority: int = 0
 ) -> bytes:
     """The body sent to vLLM: the admitted max_tokens, and in chat and completion streams
     usage always asked for, in every chunk too (`continuous_usage_stats`): a stream cut
     short is charged vLLM's own count so far, which one token per event undercounts once
     vLLM merged tokens into one event for a reader that fell behind. What the client did
     not ask for is stripped again (`ResponseMeter`). `model`, when it differs from the
-    request's, replaces it (a key's default adapter). The client's own bytes when nothing
-    changes."""
+    request's, replaces it (a key's default adapter); a `priority` other than 0 is the key's
+    (a client's own is refused). The client's own bytes when nothing changes."""
     force_usage = request.usage_upstream and not request.client_wants_running_usage
     new_model = model is not None and model != request.model
-    if request.requested_max_tokens == max_tokens and not force_usage and not new_model:
+    unchanged = request.requested_max_tokens == max_tokens and not new_model and not priority
+    if unchanged and not force_usage:
         return request.body
     data = request.data
     if new_model:
         data["model"] = model
+    if priority:
+        data["priority"] = priority
     if request.kind == "responses":
         data["max_output_tokens"] = max_tokens
     else:

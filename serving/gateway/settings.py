@@ -211,6 +211,9 @@ class GatewaySettings(BaseSettings):
     queue_timeout_s: Seconds = 30.0
     """Longest a request waits for a slot; then 503 `engine_overloaded` with Retry-After,
     nothing charged."""
+    engine_priority: bool = False
+    """Send each key's priority class to vLLM as the request's `priority`, for engines run
+    with priority scheduling (a profile's scheduling_policy); clients never can."""
     serve_routes: tuple[Literal["tokenize"], ...] = ()
     """Opt-in vLLM routes served besides the metered ones, all free of charge: `tokenize`
     (vLLM's /tokenize and /detokenize, at the root as vLLM serves them). Every other route

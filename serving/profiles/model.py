@@ -72,6 +72,9 @@ class Profile(BaseModel):
     max_model_len: int = Field(ge=16)
     gpu_memory_utilization: float = Field(default=DEFAULT_GPU_MEMORY_UTILIZATION, gt=0.0, le=1.0)
     max_num_seqs: int = Field(default=256, ge=1)
+    # vLLM's order for waiting requests: first come, or by the request's `priority` (lower
+    # first), which the gateway sets from the key's priority class (`serving up` turns it on).
+    scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
     max_num_batched_tokens: int | None = Field(default=None, ge=16)
     enable_chunked_prefill: bool = True
     enable_prefix_caching: bool = True

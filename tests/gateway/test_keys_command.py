@@ -32,7 +32,7 @@ def test_create_list_show_revoke(tmp_path: Path, capsys: pytest.CaptureFixture[s
         "--rpm", "60", "--tpm", "20000", "--tokens-per-day", "100000",
         "--tokens-per-month", "2000000", "--max-concurrency", "4", "--max-tokens", "512",
         "--models", "m1, m2", "--model-limit", "m1:rpm=10,max-tokens=64", "--weight", "3",
-        "--default-adapter", "m2",
+        "--default-adapter", "m2", "--priority", "-3",
     )  # fmt: skip
     assert code == 0
     secrets = SECRET.findall(out)
@@ -54,6 +54,7 @@ def test_create_list_show_revoke(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert record.model_limits == {"m1": Limits(rpm=10, max_tokens=64)}
     assert record.weight == 3
     assert record.default_adapter == "m2"
+    assert record.priority == -3
 
     code, out, _ = serving(capsys, "keys", "list", "--store", store)
     assert code == 0
@@ -67,6 +68,7 @@ def test_create_list_show_revoke(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert re.search(r"limits for m1:\s+rpm=10, max_tokens=64", out)
     assert re.search(r"^weight:\s+3$", out, re.MULTILINE)
     assert re.search(r"^default adapter:\s+m2$", out, re.MULTILINE)
+    assert re.search(r"^priority:\s+-3$", out, re.MULTILINE)
     assert not SECRET.search(out)
 
     code, out, _ = serving(capsys, "keys", "revoke", key_id, "--store", store)
@@ -105,6 +107,7 @@ def test_list_of_an_empty_store(tmp_path: Path, capsys: pytest.CaptureFixture[st
             "--model-limit: model 'm1' is not in the key's models",
         ),
         (["create", "--name", "a", "--weight", "0"], "--weight must be an integer from 1 to 1000"),
+        (["create", "--name", "a", "--priority", "101"], "--priority must be an integer from -100"),
         (
             ["create", "--name", "a", "--models", "m1", "--default-adapter", "m2"],
             "--default-adapter: 'm2' is not in the key's models",

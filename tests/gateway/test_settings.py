@@ -67,6 +67,7 @@ GOOD: dict[str, tuple[str, object]] = {
     "queue_timeout_s": ("5", 5.0),
     "serve_routes": ('["tokenize"]', ("tokenize",)),
     "runtime_adapters": ("true", True),
+    "engine_priority": ("true", True),
 }
 # List settings: an error shows the bad item, not the whole list.
 SHOWN_ITEM = {"serve_routes": "embeddings"}
@@ -115,6 +116,7 @@ BAD: dict[str, str] = {
     "queue_timeout_s": "0",
     "serve_routes": '["embeddings"]',
     "runtime_adapters": "maybe",
+    "engine_priority": "maybe",
 }
 # Set as digests only, from --api-key or SERVING_API_KEY (tested below).
 # Keys are set in plain text by their own flags and variables, never as settings.

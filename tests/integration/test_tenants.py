@@ -164,3 +164,16 @@ def test_the_adapter_dir_is_what_the_profile_serves(lora_stack: Stack) -> None:
     listed = httpx.get(f"{lora_stack.engine_url}/v1/models").json()["data"]
     roots = {entry["id"]: entry.get("root") for entry in listed}
     assert Path(str(roots[ADAPTER])).resolve() == default_adapter_dir().resolve()
+
+
+def test_a_keys_priority_class_reaches_vllms_priority_queue(lora_stack: Stack) -> None:
+    # cpu-tiny-lora runs vLLM with priority scheduling and `serving up` the gateway with
+    # engine_priority on: vLLM takes the key's class (the body the gateway sends is held in
+    # tests/gateway/test_engine_priority.py); a client's own is refused.
+    _, urgent = create_key(lora_stack, "urgent", "--priority", "-5")
+    assert _answer(lora_stack, urgent, ADAPTER).startswith(ANSWER)
+    with pytest.raises(openai.BadRequestError) as refused:
+        _client(lora_stack, urgent).chat.completions.create(
+            model=BASE, messages=HELLO, max_tokens=4, extra_body={"priority": -100}
+        )
+    assert refused.value.param == "priority"

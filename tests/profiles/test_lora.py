@@ -33,9 +33,10 @@ def test_the_shipped_profile_serves_the_built_adapter_beside_its_base() -> None:
     (adapter,) = profile.lora.adapters
     assert (adapter.name, adapter.builtin, adapter.rank) == ("team-a", "qwen3-tiny-lora", 8)
     # Everything else is cpu-tiny's: the same base model, served the same way (its variables
-    # too, and those of LoRA's runtime routes).
+    # too, and those of LoRA's runtime routes), but for the tenants' priority classes.
     plain = load_profile("cpu-tiny")
-    own = {"name", "description", "lora", "env"}
+    assert profile.scheduling_policy == "priority"
+    own = {"name", "description", "lora", "env", "scheduling_policy"}
     assert profile.model_dump(exclude=own) == plain.model_dump(exclude=own)
     assert plain.env.items() <= profile.env.items()
 

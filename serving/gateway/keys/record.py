@@ -15,6 +15,8 @@ The declarative form, one entry of a keys file:
                                       # sharing, against the other keys waiting
     default_adapter: team-a-lora      # optional: a request naming a base model is served by
                                       # this LoRA adapter instead (in `models`, when set)
+    priority: -1                      # optional (default 0): vLLM's priority for its requests,
+                                      # lower first (with --engine-priority)
 
 `new_records` is how every writer makes a new key: the fields checked once, an id and secret
 drawn, the secret hashed.
@@ -48,8 +50,10 @@ _FIELDS = {
     "model_limits",
     "weight",
     "default_adapter",
+    "priority",
 }
 MAX_WEIGHT = 1000
+MAX_PRIORITY = 100  # priority classes run from -MAX_PRIORITY (first) to MAX_PRIORITY
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +68,10 @@ class KeyRecord:
     revoked: bool = False
     weight: int = 1
     default_adapter: str | None = None
-    """Requests that name a base model are sent to this adapter instead (`serve_model`)."""
+    """Requests that name a base model are sent to this adapter instead (`served_model`)."""
+    priority: int = 0
+    """vLLM's `priority` for the key's requests (lower is scheduled first), sent when the
+    gateway runs with engine_priority."""
 
     def allows_model(self, model: str) -> bool:
         return not self.models or model in self.models
@@ -87,6 +94,8 @@ class KeyRecord:
             document["weight"] = self.weight
         if self.default_adapter is not None:
             document["default_adapter"] = self.default_adapter
+        if self.priority:
+            document["priority"] = self.priority
         return document
 
     @classmethod
@@ -124,7 +133,17 @@ class KeyRecord:
             revoked=revoked,
             weight=check_weight(data.get("weight", 1), where=f"{where}.weight"),
             default_adapter=default_adapter,
+            priority=check_priority(data.get("priority", 0), where=f"{where}.priority"),
         )
+
+
+def check_priority(value: object, *, where: str) -> int:
+    """A key's priority class: an integer from -MAX_PRIORITY to MAX_PRIORITY."""
+    if isinstance(value, bool) or not isinstance(value, int) or abs(value) > MAX_PRIORITY:
+        raise ServingError(
+            f"{where} must be an integer from -{MAX_PRIORITY} to {MAX_PRIORITY}, got {value!r}"
+        )
+    return value
 
 
 def check_weight(value: object, *, where: str) -> int:
@@ -154,6 +173,7 @@ def new_records(
     model_limits: Mapping[str, Limits] | None = None,
     weight: int = 1,
     default_adapter: str | None = None,
+    priority: int = 0,
     now: datetime | None = None,
 ) -> Iterator[tuple[KeyRecord, str]]:
     """Up to `ID_ATTEMPTS` candidates `(record, secret)` for one new key, each with a freshly
@@ -167,6 +187,7 @@ def new_records(
     checked_adapter = check_default_adapter(
         default_adapter, checked_models, where="default_adapter"
     )
+    checked_priority = check_priority(priority, where="priority")
     created_at = (now or datetime.now(UTC)).replace(microsecond=0)
     for _ in range(ID_ATTEMPTS):
         key_id, secret = new_secret()
@@ -180,6 +201,7 @@ def new_records(
             model_limits=checked_model_limits,
             weight=checked_weight,
             default_adapter=checked_adapter,
+            priority=checked_priority,
         )
         yield record, secret
 

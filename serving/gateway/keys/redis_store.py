@@ -148,6 +148,7 @@ class RedisKeyStore:
         model_limits: Mapping[str, Limits] | None = None,
         weight: int = 1,
         default_adapter: str | None = None,
+        priority: int = 0,
         now: datetime | None = None,
     ) -> tuple[KeyRecord, str]:
         """Store a new key; returns it with its secret, which exists nowhere else."""
@@ -158,6 +159,7 @@ class RedisKeyStore:
             model_limits=model_limits,
             weight=weight,
             default_adapter=default_adapter,
+            priority=priority,
             now=now,
         )
         for record, secret in candidates:

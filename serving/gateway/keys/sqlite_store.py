@@ -101,6 +101,7 @@ class SqliteKeyStore:
         model_limits: Mapping[str, Limits] | None = None,
         weight: int = 1,
         default_adapter: str | None = None,
+        priority: int = 0,
         now: datetime | None = None,
     ) -> tuple[KeyRecord, str]:
         """Store a new key; returns it with its secret, which exists nowhere else."""
@@ -111,6 +112,7 @@ class SqliteKeyStore:
             model_limits=model_limits,
             weight=weight,
             default_adapter=default_adapter,
+            priority=priority,
             now=now,
         )
         for record, secret in candidates:
@@ -139,7 +141,14 @@ class SqliteKeyStore:
         document = record.to_document()
         policy = {
             name: document[name]
-            for name in ("limits", "models", "model_limits", "weight", "default_adapter")
+            for name in (
+                "limits",
+                "models",
+                "model_limits",
+                "weight",
+                "default_adapter",
+                "priority",
+            )
             if name in document
         }
         with self._lock:

@@ -50,6 +50,7 @@ class WritableKeyStore(KeyStore, Protocol):
         model_limits: Mapping[str, Limits] | None = None,
         weight: int = 1,
         default_adapter: str | None = None,
+        priority: int = 0,
         now: datetime | None = None,
     ) -> tuple[KeyRecord, str]:
         """Store a new key; returns it with its secret, which is stored nowhere."""

@@ -48,6 +48,7 @@ def test_rendered_yaml_loads_back_to_the_same_records(tmp_path: Path) -> None:
         created_at=datetime(2025, 3, 2, tzinfo=UTC),
         weight=7,
         default_adapter="team-b-lora",
+        priority=-2,
     )
     path = tmp_path / "keys.yaml"
     path.write_text(render_keys_yaml([first]) + render_keys_yaml([second]))

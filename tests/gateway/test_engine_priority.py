@@ -1,0 +1,46 @@
+"""A key's priority class reaches vLLM as the request's `priority` with --engine-priority,
+and only then; a client's own priority never does (refused, docs/gateway.md)."""
+
+from __future__ import annotations
+
+import pytest
+
+from serving.gateway.keys import SqliteKeyStore
+from tests.gateway.conftest import GatewayFactory
+from tests.gateway.fake_upstream import FakeUpstream
+from tests.gateway.servers import TEST_KEY
+from tests.gateway.test_completions import body, post
+
+pytestmark = pytest.mark.timeout(30)
+
+
+@pytest.mark.parametrize("on", [True, False])
+def test_the_keys_priority_is_sent_only_with_engine_priority(
+    make_gateway: GatewayFactory,
+    keys: SqliteKeyStore,
+    upstream: FakeUpstream,
+    token: str,
+    on: bool,
+) -> None:
+    gateway = make_gateway(keys_db=str(keys.path), engine_priority=on)
+    _, urgent = keys.create("urgent", priority=-5)
+    _, plain = keys.create("plain")
+    for secret in (urgent, plain, TEST_KEY):
+        for stream in (False, True):
+            response = post(gateway, secret, body(max_tokens=2, stream=stream), token)
+            assert response.status_code == 200, response.text
+    sent = [request.get("priority") for request in upstream.received(token)]
+    assert sent == ([-5, -5] if on else [None, None]) + [None] * 4
+
+
+def test_a_clients_own_priority_is_refused_whatever_its_key(
+    make_gateway: GatewayFactory, keys: SqliteKeyStore, upstream: FakeUpstream, token: str
+) -> None:
+    gateway = make_gateway(keys_db=str(keys.path), engine_priority=True)
+    _, urgent = keys.create("urgent", priority=-5)
+    refused = post(gateway, urgent, body(max_tokens=2, priority=-100), token)
+    assert refused.status_code == 400
+    assert refused.json()["error"]["param"] == "priority"
+    # 0 is vLLM's default: accepted, and the key's class is what vLLM gets
+    assert post(gateway, urgent, body(max_tokens=2, priority=0), token).status_code == 200
+    assert [request.get("priority") for request in upstream.received(token)] == [-5]
