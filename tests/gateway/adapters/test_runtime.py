@@ -3,6 +3,7 @@ given to an engine that (re)joins, unloaded everywhere; refused unless turned on
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -11,6 +12,7 @@ import pytest
 from tests.gateway.adapters.conftest import ADMIN, gateway_for
 from tests.gateway.conftest import GatewayFactory, eventually
 from tests.gateway.fake_upstream import FakeUpstream
+from tests.gateway.quota.redis_server import RedisServer
 from tests.gateway.scrape import scrape, value
 from tests.gateway.servers import TEST_KEY, GatewayServer, http_client
 from tests.gateway.test_completions import body, post
@@ -125,3 +127,41 @@ def test_tenant_keys_reach_neither_the_admin_routes_nor_vllms(
         direct = tenant.post("/v1/load_lora_adapter", json={"lora_name": "x", "lora_path": "/a"})
         assert direct.status_code == 403
     assert all(engine.adapters == {} for engine in engines)
+
+
+@pytest.fixture(scope="module")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path_factory.mktemp("redis-adapters-gateway"))
+    server.start()
+    yield server
+    server.stop()
+
+
+def test_replicas_sharing_redis_share_the_adapters(
+    make_gateway: GatewayFactory,
+    engines: tuple[FakeUpstream, FakeUpstream],
+    redis_server: RedisServer,
+    tmp_path: Path,
+) -> None:
+    redis_server.flush()
+    upstream = ",".join(engine.url for engine in engines)
+    replicas = [
+        make_gateway(
+            upstream=upstream,
+            keys_db=str(tmp_path / f"keys-{index}.db"),  # separate files: only Redis is shared
+            redis_url=redis_server.url,
+            admin_keys=(ADMIN,),
+            runtime_adapters=True,
+            health_interval_s=0.2,
+        )
+        for index in range(2)
+    ]
+    with _admin(replicas[0]) as admin:
+        assert admin.post(PATH, json={"name": "team-a", "path": "/adapters/a"}).status_code == 200
+    with _admin(replicas[1]) as other:
+        listed = other.get(PATH).json()["data"]
+    assert [(entry["name"], entry["state"]) for entry in listed] == [("team-a", "loaded")]
+    assert eventually(lambda: "team-a" in _models(replicas[1]))
+    # an engine that restarts gets it back from whichever replica's round comes first
+    engines[0].adapters = {}
+    assert eventually(lambda: engines[0].adapters == {"team-a": "fake"}, timeout=10)
