@@ -236,9 +236,7 @@ def run(args: argparse.Namespace) -> int:
             routing=args.routing,
             settings={
                 **gateway_image_settings(profile),
-                "engine_slots": profile.max_num_seqs,
-                "scheduling": args.scheduling,
-                "engine_priority": str(profile.scheduling_policy == "priority").lower(),
+                **gateway_engine_settings(profile, args.scheduling),
             },
         )
         first = supervisors[0].current
@@ -280,6 +278,17 @@ def run(args: argparse.Namespace) -> int:
         for supervisor in supervisors:
             supervisor.stop()
     return 0
+
+
+def gateway_engine_settings(profile: Profile, scheduling: str) -> dict[str, int | str]:
+    """What the gateway must know of the engine it fronts: its sequences (the fair queue's
+    slots), the queue policy, and whether vLLM orders by priority (then the keys' classes are
+    sent as each request's `priority`)."""
+    return {
+        "engine_slots": profile.max_num_seqs,
+        "scheduling": scheduling,
+        "engine_priority": str(profile.scheduling_policy == "priority").lower(),
+    }
 
 
 def gateway_image_settings(profile: Profile) -> dict[str, int]:

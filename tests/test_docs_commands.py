@@ -77,12 +77,12 @@ COMMANDS: dict[str, dict[str, Verdict]] = {
         ),
         ".venv/bin/serving engine --profile cpu-tiny-lora --port 8001": SERVER,
         "curl -s http://127.0.0.1:8001/v1/models": Runs(
-            "tests/integration/test_lora.py", "/v1/models"
+            "tests/integration/tenants/test_lora.py", "/v1/models"
         ),
         "curl -s http://127.0.0.1:8001/v1/chat/completions -H 'Content-Type: application/json' "
         '-d \'{"model": "team-a", "messages": [{"role": "user", "content": '
         '"What is your name?"}]}\'': (
-            Runs("tests/integration/test_lora.py", "greedy(client, ADAPTER, chat)")
+            Runs("tests/integration/tenants/test_lora.py", "greedy(client, ADAPTER, chat)")
         ),
         ".venv/bin/serving plan --profile cpu-tiny-lora": Parsed("tests/planner/test_lora.py"),
         ".venv/bin/serving plan --model Qwen3-8B --gpu rtx-4090 --max-model-len 8192 --max-loras 8 "
@@ -92,7 +92,7 @@ COMMANDS: dict[str, dict[str, Verdict]] = {
         ),
         ".venv/bin/serving keys create --name team-a --models team-a --default-adapter team-a "
         "--model-limit team-a:tpm=20000": Runs(
-            "tests/integration/test_tenants.py", '"--default-adapter", ADAPTER'
+            "tests/integration/tenants/test_tenants.py", '"--default-adapter", ADAPTER'
         ),
         "export SERVING_ADMIN_KEY='<admin key>'": NotRun(
             "a placeholder for a secret; the tests set SERVING_ADMIN_KEY to a key of their own"

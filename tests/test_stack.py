@@ -1,5 +1,5 @@
 """`serving up`'s gateway settings for images come from the served model's files and the
-profile (the engine side of the same numbers)."""
+profile (the engine side of the same numbers); its slots and priority from the profile."""
 
 from __future__ import annotations
 
@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from serving.gateway.settings import GatewaySettings
+from serving.profiles import load_profile
 from serving.profiles.model import Profile
-from serving.stack import gateway_image_settings
+from serving.stack import gateway_engine_settings, gateway_image_settings
 
 
 def profile(model: str, **fields: object) -> Profile:
@@ -48,3 +50,15 @@ def test_a_hub_model_not_in_the_cache_keeps_the_defaults(
     hub = profile("Qwen/Qwen2.5-VL-7B-Instruct", limit_mm_per_prompt={"image": 2})
     assert gateway_image_settings(hub) == {"max_images_per_request": 2}
     assert gateway_image_settings(profile("Qwen/Qwen2.5-VL-7B-Instruct")) == {}
+
+
+@pytest.mark.parametrize(("name", "priority"), [("cpu-tiny", False), ("cpu-tiny-lora", True)])
+def test_the_gateway_sends_priorities_exactly_when_the_engine_orders_by_them(
+    name: str, priority: bool
+) -> None:
+    shipped = load_profile(name)
+    settings = gateway_engine_settings(shipped, "fair")
+    assert settings["engine_slots"] == shipped.max_num_seqs
+    assert (shipped.scheduling_policy == "priority") is priority
+    loaded = GatewaySettings.create(upstream="http://127.0.0.1:1", api_keys=["k"], **settings)
+    assert loaded.engine_priority is priority

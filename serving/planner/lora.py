@@ -15,8 +15,8 @@ not planned). vLLM's Qwen3 classes also name their embeddings LoRA modules
 (`embedding_modules`): the input embedding gets A = max_loras x vocab x rank and
 B = max_loras x 1 x hidden x rank, the logits (LM head) A = max_loras x 1 x rank x hidden and
 B = max_loras x 1 x vocab x rank, whole on every rank; Qwen2's classes wrap neither. A held
-against the tiny model on vLLM's CPU engine: `tests/integration/test_lora.py` sums the buffers
-the running engine allocated.
+against the tiny model on vLLM's CPU engine: `tests/integration/tenants/test_lora.py` sums the
+buffers the running engine allocated.
 
     lora_bytes(spec, tp=1, max_loras=2, max_lora_rank=8, dtype_bytes=2).total
 """

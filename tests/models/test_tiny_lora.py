@@ -5,7 +5,7 @@ too; one build per machine, under its lock): a short one twice (byte-identical) 
 default one through `serving model tiny-lora` as printed, into the model cache `make up` and
 the integration tests use. The default build's answers are checked by merging its PEFT factors
 into the base weights as PEFT defines them (W + lora_alpha / r x B A), independently of the
-training code; vLLM serving it is tests/integration/test_lora.py.
+training code; vLLM serving it is tests/integration/tenants/test_lora.py.
 """
 
 from __future__ import annotations

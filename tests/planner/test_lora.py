@@ -1,6 +1,6 @@
 """The LoRA buffers the planner adds (serving/planner/lora.py), by hand for small shapes, and
 how a plan shows them and says when they are why it does not fit. Held against the buffers a
-running vLLM allocates in tests/integration/test_lora.py."""
+running vLLM allocates in tests/integration/tenants/test_lora.py."""
 
 from __future__ import annotations
 

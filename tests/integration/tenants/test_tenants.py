@@ -1,7 +1,9 @@
-"""Tenants on one base model, end to end on the real engine (profile cpu-tiny-lora, started
-as a user starts it: `serving up`): the adapter's answers differ from the base model's, keys
-bound to the adapter, per-adapter limits, runtime adapters through `serving adapters`, and the
-usage report per key and adapter equal to the counters and to vLLM's own usage."""
+"""Tenants on one base model, end to end on the real engine (cpu-tiny-lora's, `lora_engine`,
+shared with test_lora.py) behind a `serving gateway` process set up as `serving up` sets it up
+for that profile, plus the admin API: the adapter's answers differ from the base model's, keys
+bound to the adapter, per-adapter limits, runtime adapters through `serving adapters`, priority
+classes, and the usage report per key and adapter equal to the counters and to vLLM's own
+usage."""
 
 from __future__ import annotations
 
@@ -9,7 +11,6 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from datetime import UTC, datetime
-from pathlib import Path
 
 import httpx
 import openai
@@ -17,7 +18,15 @@ import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
 from serving.models.tiny_lora import ANSWER, default_adapter_dir
-from tests.integration.conftest import REPO, Stack, eventually, scrape, serving_env, serving_up
+from tests.integration.conftest import (
+    REPO,
+    TEST_KEY,
+    Stack,
+    eventually,
+    scrape,
+    serving_env,
+)
+from tests.integration.scale_out import start_gateway, wait_up
 from tests.integration.test_gateway_quota import create_key
 
 pytestmark = pytest.mark.engine
@@ -28,10 +37,19 @@ HELLO: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Hello, w
 
 
 @pytest.fixture(scope="module")
-def lora_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    env = {"SERVING_ADMIN_KEY": ADMIN, "SERVING_GATEWAY_RUNTIME_ADAPTERS": "true"}
-    with serving_up(tmp_path_factory.mktemp("tenants"), profile="cpu-tiny-lora", env=env) as up:
-        yield up
+def lora_stack(lora_engine: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    directory = tmp_path_factory.mktemp("tenants")
+    keys_db = directory / "keys.db"
+    gateway = start_gateway(
+        "tenants", [lora_engine], directory,
+        "--keys-db", str(keys_db), "--api-key", TEST_KEY, "--admin-key", ADMIN,
+        "--runtime-adapters", "true", "--engine-priority", "true", "--drain-delay", "0",
+    )  # fmt: skip
+    try:
+        wait_up(gateway)
+        yield Stack(gateway.url, lora_engine, TEST_KEY, gateway.process, gateway.log, keys_db, "")
+    finally:
+        gateway.terminate()  # drains, then exits with SIGTERM's status (uvicorn re-raises it)
 
 
 def _client(stack: Stack, secret: str) -> openai.OpenAI:
@@ -160,16 +178,11 @@ def test_the_usage_report_equals_the_counters_and_vllms_usage(lora_stack: Stack)
     assert tenant.status_code == 401  # a tenant key never reads the report
 
 
-def test_the_adapter_dir_is_what_the_profile_serves(lora_stack: Stack) -> None:
-    listed = httpx.get(f"{lora_stack.engine_url}/v1/models").json()["data"]
-    roots = {entry["id"]: entry.get("root") for entry in listed}
-    assert Path(str(roots[ADAPTER])).resolve() == default_adapter_dir().resolve()
-
-
 def test_a_keys_priority_class_reaches_vllms_priority_queue(lora_stack: Stack) -> None:
-    # cpu-tiny-lora runs vLLM with priority scheduling and `serving up` the gateway with
-    # engine_priority on: vLLM takes the key's class (the body the gateway sends is held in
-    # tests/gateway/test_engine_priority.py); a client's own is refused.
+    # cpu-tiny-lora runs vLLM with priority scheduling and the gateway has engine_priority on
+    # (`serving up` sets it for such a profile, tests/test_stack.py): vLLM takes the key's
+    # class (the body the gateway sends is held in tests/gateway/test_engine_priority.py); a
+    # client's own is refused.
     _, urgent = create_key(lora_stack, "urgent", "--priority", "-5")
     assert _answer(lora_stack, urgent, ADAPTER).startswith(ANSWER)
     with pytest.raises(openai.BadRequestError) as refused:
