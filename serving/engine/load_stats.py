@@ -88,6 +88,7 @@ class LoadMonitor:
         self._started = started_at  # time.monotonic() when the server was spawned
         self._peak = 0
         self._weights: list[float] = []
+        self._pending = b""  # an unfinished last line of the log
         self._loaded_at: float | None = None
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._run, name="vllm-load-monitor", daemon=True)
@@ -96,10 +97,9 @@ class LoadMonitor:
         self._thread.start()
 
     def _run(self) -> None:
-        pending = b""
         while not self._done.is_set():
             self._peak = max(self._peak, tree_memory(self._pid))
-            pending = self._scan(pending)
+            self._pending = self._scan(self._pending)
             if len(self._weights) >= self._ranks:
                 self._loaded_at = time.monotonic()
                 return
@@ -125,6 +125,10 @@ class LoadMonitor:
         """Stop sampling (if the load line never came) and report."""
         self._done.set()
         self._thread.join(timeout=5)
+        if not self._thread.is_alive() and len(self._weights) < self._ranks:
+            # /health can answer between two samples on a busy machine: read what the log
+            # got since the last one (the weights line comes before /health in vLLM).
+            self._pending = self._scan(self._pending)
         loaded = None if self._loaded_at is None else self._loaded_at - self._started
         return LoadStats(
             startup_seconds=startup_seconds,

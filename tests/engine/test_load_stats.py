@@ -71,6 +71,18 @@ def test_monitor_reads_lines_split_across_reads(tmp_path: Path) -> None:
     assert stats.weights_seconds == 2.0 and stats.load_seconds is not None
 
 
+def test_a_line_logged_just_before_health_is_still_read(tmp_path: Path) -> None:
+    # A busy machine can let /health answer before the monitor's next sample: the weights
+    # line written in between must still count (seen in a clean-clone make test).
+    log = tmp_path / "log"
+    log.write_bytes(b"")
+    monitor = LoadMonitor(os.getpid(), log, 0, ranks=1, started_at=time.monotonic(), interval=60)
+    monitor.start()
+    time.sleep(0.2)  # its first sample has read the empty log; the next is a minute away
+    log.write_bytes(b"(Worker pid=1) INFO Loading weights took 0.25 seconds\n")
+    assert monitor.finish(1.0).weights_seconds == 0.25
+
+
 def test_describe_names_every_number() -> None:
     text = LoadStats(12.5, 10.0, 0.02, 3 * 2**30).describe()
     assert text == (
