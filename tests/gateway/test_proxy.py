@@ -10,7 +10,8 @@ import pytest
 from serving.gateway.errors import openai_error_body, wrap_upstream_status
 from serving.gateway.proxy import WHOLE_BODY_LIMIT
 from tests.gateway.conftest import GatewayFactory
-from tests.gateway.fake_upstream import VLLM_400, FakeUpstream
+from tests.gateway.fake_bodies import VLLM_400
+from tests.gateway.fake_upstream import FakeUpstream
 from tests.gateway.servers import TEST_KEY, GatewayServer, closed_port, http_client
 
 pytestmark = pytest.mark.timeout(30)

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from serving.gateway.usage import MAX_PENDING, ResponseMeter, Usage, usage_in
-from tests.gateway.fake_upstream import chat_chunk, sse, usage_chunk
+from tests.gateway.fake_bodies import chat_chunk, sse, usage_chunk
 
 TOKENS = [sse(chat_chunk(index, word)) for index, word in enumerate(["a", " b", " c"])]
 FINISH = sse(chat_chunk(3, "", "stop"))
