@@ -110,7 +110,9 @@ _MARK = (
 )
 
 
-def _connect(path: Path, busy_timeout_s: float) -> sqlite3.Connection:
+def connect_wal(path: Path, busy_timeout_s: float) -> sqlite3.Connection:
+    """keys.db opened for writers sharing it: WAL, NORMAL sync, a busy timeout (the budget
+    journal and the usage ledger)."""
     # Autocommit mode: transactions are the explicit BEGIN IMMEDIATE ... COMMIT below.
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
@@ -148,7 +150,7 @@ class SqliteBudgetJournal:
         self._stopping = threading.Event()
         self._deadline = float("inf")
         self._pruned = False
-        self._conn: sqlite3.Connection | None = _connect(path, busy_timeout_s)
+        self._conn: sqlite3.Connection | None = connect_wal(path, busy_timeout_s)
         for statement in _SCHEMA:
             self._conn.execute(statement)
         # From here on the connection belongs to the writer thread alone.
@@ -156,7 +158,7 @@ class SqliteBudgetJournal:
         self._thread.start()
 
     def load(self, day: str, month: str) -> dict[tuple[Scope, BudgetKind], int]:
-        conn = _connect(self._path, self._busy_timeout_s)
+        conn = connect_wal(self._path, self._busy_timeout_s)
         try:
             rows = conn.execute(
                 "SELECT key_id, model, kind, spent FROM quota_budgets"
@@ -272,7 +274,7 @@ class SqliteBudgetJournal:
 
     def _commit(self, batch: dict[RowKey, int], number: int, *, check: bool) -> None:
         if self._conn is None:
-            self._conn = _connect(self._path, self._busy_timeout_s)
+            self._conn = connect_wal(self._path, self._busy_timeout_s)
         conn = self._conn
         conn.execute("BEGIN IMMEDIATE")
         if check:

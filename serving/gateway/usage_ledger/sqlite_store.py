@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from serving.gateway.quota.journal import connect_wal
 from serving.gateway.usage_ledger.days import DEFAULT_RETENTION_DAYS, oldest_kept, utc_day
 from serving.gateway.usage_ledger.tally import Batch, UsageRow
 
@@ -67,15 +68,6 @@ _SELECT = (
     "SELECT day, key_id, model, prompt_tokens, completion_tokens FROM usage_days"
     " WHERE day BETWEEN ? AND ?"
 )
-
-
-def connect(path: Path, busy_timeout_s: float) -> sqlite3.Connection:
-    # Autocommit mode: transactions are the explicit BEGIN IMMEDIATE ... COMMIT below.
-    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-    conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
-    conn.execute("PRAGMA journal_mode = WAL")
-    conn.execute("PRAGMA synchronous = NORMAL")
-    return conn
 
 
 def read_usage_file(
@@ -126,7 +118,7 @@ class SqliteUsageStore:
         # One write at a time, and never a close in the middle of one (a write the recorder
         # gave up waiting for still runs in its thread).
         self._lock = threading.Lock()
-        self._conn: sqlite3.Connection | None = connect(path, busy_timeout_s)
+        self._conn: sqlite3.Connection | None = connect_wal(path, busy_timeout_s)
         for statement in _SCHEMA:
             self._conn.execute(statement)
 
@@ -144,7 +136,7 @@ class SqliteUsageStore:
     def _commit(self, writer: str, number: int, batch: Batch) -> None:
         with self._lock:
             if self._conn is None:
-                self._conn = connect(self.path, self._busy_timeout_s)
+                self._conn = connect_wal(self.path, self._busy_timeout_s)
             conn = self._conn
             today = utc_day(self._now())
             try:

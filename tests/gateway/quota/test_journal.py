@@ -279,7 +279,7 @@ async def test_a_commit_that_failed_after_taking_effect_is_not_applied_twice(
         return conn
 
     monkeypatch.setattr(CommitThenFail, "armed", True)
-    monkeypatch.setattr(journal_module, "_connect", connect)
+    monkeypatch.setattr(journal_module, "connect_wal", connect)
     journal = SqliteBudgetJournal(path, busy_timeout_s=0.05)
     journal.record(Charge((Scope("key_a"),), DAY, MONTH, 5))
     assert journal.drain(DEADLINE_S)

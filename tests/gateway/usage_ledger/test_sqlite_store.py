@@ -135,7 +135,7 @@ async def test_a_commit_that_failed_after_taking_effect_is_not_applied_twice(
         )
 
     monkeypatch.setattr(CommitThenFail, "armed", False)  # not while creating the tables
-    monkeypatch.setattr(sqlite_store, "connect", connect)
+    monkeypatch.setattr(sqlite_store, "connect_wal", connect)
     store = SqliteUsageStore(path, now=lambda: NOW)
     recorder = UsageRecorder(store, interval_s=0.01, now=lambda: NOW)
     monkeypatch.setattr(CommitThenFail, "armed", True)
