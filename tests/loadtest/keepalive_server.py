@@ -1,16 +1,23 @@
 """A real uvicorn server (uvloop, as vLLM runs it) that stalls across its keep-alive timeout.
 
-It streams chat completions the way loadtest.sse reads them. After the first response it
-stalls its event loop the way a process descheduled on a busy machine stalls: in the I/O
-phase of a loop iteration, until the client's next request sits unread on the kept-alive
-connection and the keep-alive timeout has passed. libuv runs due timers after the I/O phase
-and before the next poll, so uvicorn's keep-alive timer fires first and closes the
-connection with the request unread (the kernel answers it with a reset): the memory-plan
-test's two lost requests. A stall elsewhere (in a task step, before the poll) would let the
-request be read first, which is why the stall is a reader callback. The server counts the
-requests it read and the client addresses they came from (one per connection).
+It streams chat completions the way loadtest.sse reads them. After a response it stalls its
+event loop the way a process descheduled on a busy machine stalls: in the I/O phase of a loop
+iteration, until the client's next request sits unread on the kept-alive connection and the
+keep-alive timeout has passed. libuv runs due timers after the I/O phase and before the next
+poll, so uvicorn's keep-alive timer fires first and closes the connection with the request
+unread (the kernel answers it with a reset): the memory-plan test's two lost requests. A stall
+elsewhere (in a task step, before the poll) would let the request be read first, which is why
+the stall is a reader callback.
 
-Usage: `with stalling_server(keep_alive_s=1) as server: server.url; server.requests`.
+A stall stages the race only when the request was not yet among the events the loop is
+handling: on a busy machine the loop can reach its poll late, find the stall's event and the
+request's together, and read the request right after the stall (a CI run saw no resend). So
+the outcome decides: a stall is staged when the next request the server reads comes on a new
+connection, and until one is, the server stalls again after each response. It counts the
+requests it read, the client addresses they came from (one per connection), the stalls it
+tried, and after which request the race was staged.
+
+Usage: `with stalling_server(keep_alive_s=1) as server: server.url; server.staged_after`.
 """
 
 from __future__ import annotations
@@ -43,8 +50,12 @@ class StallingServer:
     port: int
     keep_alive_s: int
     requests: int = 0
-    stalled: bool = False
     clients: set[tuple[str, int]] = field(default_factory=set)
+    stalls: int = 0
+    # The number of requests read before the stall that dropped the next one (None until one
+    # did), and the stall whose outcome the next request tells: (requests read, their client).
+    staged_after: int | None = None
+    pending: tuple[int, tuple[str, int]] | None = None
 
     @property
     def url(self) -> str:
@@ -59,7 +70,13 @@ class StallingServer:
             if not message.get("more_body"):
                 break
         self.requests += 1
-        self.clients.add(tuple(scope["client"]))
+        client = tuple(scope["client"])
+        self.clients.add(client)
+        if self.pending is not None:
+            read, previous = self.pending
+            self.pending = None
+            if client != previous:
+                self.staged_after = read
         tokens = int(json.loads(body)["max_tokens"])
         start = {"type": "http.response.start", "status": 200}
         await send(start | {"headers": [(b"content-type", b"text/event-stream")]})
@@ -70,8 +87,9 @@ class StallingServer:
             chunk = f"data: {json.dumps(event)}\n\n".encode()
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
         await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
-        if not self.stalled:
-            self.stalled = True
+        if self.staged_after is None:
+            self.pending = (self.requests, client)
+            self.stalls += 1
             self.stall_in_io_phase()
 
     def stall_in_io_phase(self) -> None:
