@@ -16,7 +16,7 @@ REPLICAS ?= 1
 # `make monitor`'s Prometheus (http://127.0.0.1:$(PROM_PORT)).
 PROM_PORT ?= 9090
 
-.PHONY: up monitor check test lint typecheck docs venv system-deps k8s-tools k8s-check loadtest loadtest-crosscheck loadtest-memory bench bench-routing bench-fairness clean
+.PHONY: up monitor check test lint typecheck docs venv system-deps k8s-tools k8s-check loadtest loadtest-crosscheck loadtest-memory bench bench-routing bench-fairness bench-stream-usage clean
 
 venv: $(STAMP)
 
@@ -148,6 +148,11 @@ bench-routing: $(STAMP)
 # FCFS queue vs the gateway's fair queue at several --reserved-slots, 3 runs, ~10 min.
 bench-fairness: $(STAMP)
 	$(BIN)/python -m bench.fairness
+
+# What the gateway's running usage (usage in every chunk) costs vLLM's API server per chat
+# stream, with Qwen3's reasoning parser and thinking off and on, ~3 min.
+bench-stream-usage: $(STAMP)
+	$(BIN)/python -m bench.stream_usage
 
 clean:
 	rm -rf $(VENV) var build .mypy_cache .ruff_cache .pytest_cache
