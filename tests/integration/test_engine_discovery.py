@@ -236,10 +236,11 @@ def test_scale_up_under_load_spreads_requests_and_keeps_conversations(
         assert len(homes) == 3 and len(set(homes)) == 1, (topic, homes)
 
 
-def held_stream(topology: Topology) -> tuple[SseStream, str, int]:
-    """A long stream held mid-way, with the engine it runs on and that engine's process
-    group: every engine is SIGSTOPped at the stream's third event, then all but that one
-    go on. On a starved machine the stream may be over by then: it is tried again."""
+def held_stream(topology: Topology) -> tuple[SseStream, str, int, int]:
+    """A long stream held mid-way, with the engine it runs on, that engine's process group
+    and the completion tokens of the tries it let finish: every engine is SIGSTOPped at the
+    stream's third event, then all but that one go on. On a starved machine the stream may
+    be over by then: it is tried again, and the finished try is charged like any other."""
     pids = [api_server(host, topology.port) for host in HOSTS]
     groups = [os.getpgid(pid) for pid in pids]
 
@@ -247,6 +248,7 @@ def held_stream(topology: Topology) -> tuple[SseStream, str, int]:
         for group in groups:
             os.killpg(group, signal.SIGSTOP)
 
+    finished = 0
     for _ in range(3):
         stream = SseStream(
             topology.gateway.url, TEST_KEY, long_stream(400, usage=True), then=freeze
@@ -256,9 +258,10 @@ def held_stream(topology: Topology) -> tuple[SseStream, str, int]:
         if len(busy) == 1:
             held = groups[[topology.label(host) for host in HOSTS].index(busy[0])]
             thaw([group for group in groups if group != held])
-            return stream, busy[0], held
+            return stream, busy[0], held, finished
         thaw(groups)
-        assert stream.done.wait(60)
+        assert stream.done.wait(60) and stream.error is None
+        finished += int(stream.chunks[-1]["usage"]["completion_tokens"])
     raise AssertionError("no stream was still running at its third event in 3 tries")
 
 
@@ -274,7 +277,7 @@ def test_scale_down_drains_a_pod_whose_stream_finishes_and_is_charged(
     topology.dns.set(NAME, HOSTS)
     eventually(lambda: topology.healthy() == 2, CHANGE_S)
     charged = topology.charged()
-    stream, leaving, held = held_stream(topology)
+    stream, leaving, held, finished = held_stream(topology)
     staying = next(host for host in HOSTS if topology.label(host) != leaving)
     with Load(topology) as load:
         try:
@@ -292,8 +295,8 @@ def test_scale_down_drains_a_pod_whose_stream_finishes_and_is_charged(
     usage: dict[str, Any] = stream.chunks[-1]["usage"]
     assert usage["completion_tokens"] == 400  # the drained pod finished it
     eventually(lambda: leaving not in topology.sent(), CHANGE_S)
-    # Every token was charged: the drained pod's stream and the load around it.
-    eventually(lambda: topology.charged() == charged + 400 + load.tokens, CHANGE_S)
+    # Every token was charged: the drained pod's stream, tries let finish, the load around it.
+    eventually(lambda: topology.charged() == charged + finished + 400 + load.tokens, CHANGE_S)
 
 
 def test_a_pod_killed_mid_stream_ends_that_stream_with_an_error_and_nothing_else_fails(
@@ -302,7 +305,7 @@ def test_a_pod_killed_mid_stream_ends_that_stream_with_an_error_and_nothing_else
     topology.dns.set(NAME, HOSTS)
     eventually(lambda: topology.healthy() == 2, CHANGE_S)
     charged = topology.charged()
-    stream, victim, held = held_stream(topology)
+    stream, victim, held, finished = held_stream(topology)
     host = next(host for host in HOSTS if topology.label(host) == victim)
     os.kill(api_server(host, topology.port), signal.SIGKILL)  # the pod's server crashes
     thaw([held])
@@ -319,5 +322,5 @@ def test_a_pod_killed_mid_stream_ends_that_stream_with_an_error_and_nothing_else
     assert served == 4 * 8
     eventually(lambda: topology.series("gateway_engine_in_rotation").get(victim) == 0, CHANGE_S)
     # The cut stream was charged the tokens it delivered (one a chunk), the rest theirs.
-    eventually(lambda: topology.charged() == charged + received + served, CHANGE_S)
+    eventually(lambda: topology.charged() == charged + finished + received + served, CHANGE_S)
     topology.dns.set(NAME, [h for h in HOSTS if h != host])
