@@ -20,6 +20,7 @@ import uvloop
 from bench.fairness.load import QuietResult, Tenant, noisy_load, quiet_load
 from bench.gateway_overhead.paths import BENCH_KEY_LIMITS, READY_TIMEOUT_S, REPO_ROOT
 from bench.gateway_overhead.processes import BenchError, Launcher, can_pin, free_port, pin_self
+from bench.gateway_overhead.report import write_results
 from bench.routing.engines import Engine, start_engines
 from loadtest.scraper import GENERATION_TOKENS, RUNNING, WAITING, parse_metrics
 from serving.gateway.settings import GatewaySettings
@@ -247,10 +248,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BenchError as exc:
         print(f"bench.fairness: {exc}", file=sys.stderr)
         return 1
-    args.output_dir.mkdir(parents=True, exist_ok=True)
-    (args.output_dir / f"{STEM}.json").write_text(json.dumps(doc, indent=2) + "\n")
     text = report(doc)
-    (args.output_dir / f"{STEM}.md").write_text(text)
+    write_results(doc, args.output_dir, STEM, text)
     print(text)
     return 0
 

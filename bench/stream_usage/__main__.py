@@ -18,14 +18,15 @@ import psutil
 import uvloop
 
 from bench.gateway_overhead.processes import BenchError, Launcher, can_pin, pin_self
+from bench.gateway_overhead.report import write_results
 from bench.routing.engines import Engine, start_engines
+from serving.vllm_flags import VLLM_SERVER_MODULE
 
 RESULTS_DIR = Path(__file__).resolve().parent.parent / "results"
 STEM = "stream_usage"
 PROFILE = "cpu-tiny"
 MODEL = "qwen3-tiny"
 CLIENT_CPU = 1
-API_SERVER = "vllm.entrypoints.openai.api_server"
 FINAL = {"include_usage": True}
 RUNNING = {"include_usage": True, "continuous_usage_stats": True}
 # name: (stream_options, chat_template_kwargs); the profile's default leaves thinking off
@@ -53,11 +54,11 @@ def _api_server(launcher: Launcher, engine: Engine) -> psutil.Process:
     their own, so not in the launcher's process group)."""
     for process in psutil.Process(launcher.pid(engine.name)).children(recursive=True):
         try:
-            if API_SERVER in " ".join(process.cmdline()):
+            if VLLM_SERVER_MODULE in " ".join(process.cmdline()):
                 return process
         except psutil.Error:
             continue
-    raise BenchError(f"no {API_SERVER} process under {engine.name}")
+    raise BenchError(f"no {VLLM_SERVER_MODULE} process under {engine.name}")
 
 
 def _cpu_s(process: psutil.Process) -> float:
@@ -94,10 +95,9 @@ async def _stream(
     return chunks, generated
 
 
-async def run(args: argparse.Namespace) -> dict[str, object]:
+async def run(args: argparse.Namespace, lengths: list[int]) -> dict[str, object]:
     if can_pin():
         pin_self(CLIENT_CPU)
-    lengths = [int(value) for value in args.tokens.split(",") if value]
     samples: dict[str, dict[str, list[dict[str, float]]]] = {
         str(length): {name: [] for name in VARIANTS} for length in lengths
     }
@@ -175,14 +175,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("--rounds and --tokens: positive integers", file=sys.stderr)
         return 2
     try:
-        doc = uvloop.run(run(args))
+        doc = uvloop.run(run(args, lengths))
     except BenchError as exc:
         print(f"bench.stream_usage: {exc}", file=sys.stderr)
         return 1
-    args.output_dir.mkdir(parents=True, exist_ok=True)
-    (args.output_dir / f"{STEM}.json").write_text(json.dumps(doc, indent=2) + "\n")
     text = report(doc)
-    (args.output_dir / f"{STEM}.md").write_text(text)
+    write_results(doc, args.output_dir, STEM, text)
     print(text)
     return 0
 
