@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import signal
 import subprocess
 import sys
@@ -335,7 +336,13 @@ class Topology:
             engines.thaw(*(engines.frozen - already))
             stream.stop()
             assert stream.done.wait(60)
+            # Its charge settles before the next try: a caller on one key reads the key's
+            # usage after this returns, and must find every try in it.
+            eventually(functools.partial(self._in_flight_is, key_id, before))
         raise AssertionError(f"no stream was still running at its third event in {attempts}")
+
+    def _in_flight_is(self, key_id: str, count: int) -> bool:
+        return quota_usage(self.redis.url, key_id).in_flight == count
 
     def while_redis_answers(self, check: Callable[[], None], attempts: int = 3) -> None:
         """`check()`, whose limits hold exactly only while Redis answers every replica in
