@@ -53,6 +53,9 @@ def test_stream_over_tokens_per_minute_is_refused_up_front_then_allowed_after_th
     _, secret = keys.create("tpm", limits=Limits(tpm=ESTIMATE + 90))
     with client(gateway, secret) as api:
         assert stream_text(api, 50) == "one two three four"  # reserves 50, charged 3 + 4
+        # The client has [DONE] before the gateway's handler settles the request (a busy
+        # machine let the next request see the whole reservation still held).
+        assert settled(gateway)
         with pytest.raises(openai.RateLimitError) as caught:
             stream_text(api, 85, token)
         assert not upstream.received(token)  # refused before it started, not cut
