@@ -450,9 +450,8 @@ async def read_body(receive: Receive, limit: int, content_length: bytes | None) 
     The time a body may take is the server's to enforce (`server.deadline_protocol`), which
     costs nothing per request, unlike a timeout around this loop.
     """
-    too_large = BodyTooLargeError(f"Request body is larger than {limit} bytes.")
     if content_length is not None and content_length.isdigit() and int(content_length) > limit:
-        raise too_large
+        raise _too_large(limit)
     chunks: list[bytes] = []
     size = 0
     while True:
@@ -463,8 +462,12 @@ async def read_body(receive: Receive, limit: int, content_length: bytes | None) 
         if chunk:
             size += len(chunk)
             if size > limit:
-                raise too_large
+                raise _too_large(limit)
             chunks.append(chunk)
         if not message.get("more_body", False):
             break
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def _too_large(limit: int) -> BodyTooLargeError:
+    return BodyTooLargeError(f"Request body is larger than {limit} bytes.")

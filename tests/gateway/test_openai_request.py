@@ -8,6 +8,8 @@ import json
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from PIL import Image
 
 from serving.gateway.errors import InvalidRequestError
@@ -19,6 +21,7 @@ from serving.gateway.openai_request import (
     TOOLS_TOKENS,
     check_max_tokens,
     parse_completion_request,
+    read_json_body,
     render_upstream_body,
 )
 
@@ -188,3 +191,40 @@ def test_an_image_part_costs_its_tokens_by_the_policy_given() -> None:
     with pytest.raises(InvalidRequestError, match="at most 1") as caught:
         parse_completion_request("chat", two, images=small)
     assert caught.value.param == "messages[0].content[1]"
+
+
+_JSON_VALUES = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()  # past 64 bits too: orjson reads those as floats, the body must not
+    | st.integers(min_value=2**63 - 3, max_value=2**64 + 3)
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.text(),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=5), children, max_size=4)
+    ),
+    max_leaves=12,
+)
+
+
+@given(value=_JSON_VALUES, ensure_ascii=st.booleans())
+def test_bodies_read_as_the_standard_library_reads_them(value: Any, ensure_ascii: bool) -> None:
+    # vLLM parses with the standard library; the gateway's faster path must see the same
+    # values (an integer past 64 bits exactly, NaN and lone surrogates accepted).
+    body = json.dumps({"v": value}, ensure_ascii=ensure_ascii).encode("utf-8", "surrogatepass")
+    assert repr(read_json_body(body)) == repr(json.loads(body))
+
+
+@given(body=st.binary(max_size=40))
+def test_bytes_that_are_not_json_are_refused_as_the_standard_library_refuses_them(
+    body: bytes,
+) -> None:
+    try:
+        expected: Any = json.loads(body)
+    except (ValueError, RecursionError):
+        expected = ValueError
+    try:
+        got: Any = read_json_body(body)
+    except ValueError:
+        got = ValueError
+    assert repr(got) == repr(expected)

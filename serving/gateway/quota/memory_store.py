@@ -101,18 +101,30 @@ class InMemoryQuotaStore:
         day, month = self._periods.at(wall)
         tokens = prompt_tokens + max_tokens
         counters = [self._counters(scope) for scope, _ in scopes]
+        states = [c.state(bucket, day, month) for c in counters]
         # Decide on everything before booking anything: a refusal must consume nothing.
-        refusal = decide(scopes, [c.state(bucket, day, month) for c in counters], tokens, now, wall)
-        if refusal is None:
-            for scope_counters in counters:
-                scope_counters.in_flight += 1
-                scope_counters.requests.add(bucket, 1)
-                scope_counters.tokens.add(bucket, tokens)
-                scope_counters.day.add(day, tokens)
-                scope_counters.month.add(month, tokens)
-        status = rate_limit_status(scopes, [c.windows(bucket) for c in counters], now)
+        refusal = decide(scopes, states, tokens, now, wall)
         if refusal is not None:
-            return refusal, status
+            return refusal, rate_limit_status(scopes, states, now)
+        for scope_counters in counters:
+            scope_counters.in_flight += 1
+            scope_counters.requests.add(bucket, 1)
+            scope_counters.tokens.add(bucket, tokens)
+            scope_counters.day.add(day, tokens)
+            scope_counters.month.add(month, tokens)
+        # The windows as booked: their bucket maps are the windows' own (read above, and the
+        # bookings went into them), their totals the ones read plus what was just added.
+        booked = [
+            ScopeState(
+                state.in_flight + 1,
+                MinuteUsage(state.requests.used + 1, state.requests.buckets),
+                MinuteUsage(state.tokens.used + tokens, state.tokens.buckets),
+                state.tokens_today + tokens,
+                state.tokens_this_month + tokens,
+            )
+            for state in states
+        ]
+        status = rate_limit_status(scopes, booked, now)
         lease = Lease(
             lease_id=self._ids.next(),
             scopes=tuple(scope for scope, _ in scopes),

@@ -32,6 +32,7 @@ from serving.gateway.quota.limits import Scope, ScopedLimits
 # The largest reservation a store books: every counter stays an exact integer in each store
 # (Python's ints, Redis's 64-bit counters and the doubles of its Lua scripts, exact to 2**53).
 MAX_RESERVATION = 1 << 50
+_INF = float("inf")
 
 
 def check_reservation(prompt_tokens: object, max_tokens: object, ttl: object) -> None:
@@ -39,6 +40,16 @@ def check_reservation(prompt_tokens: object, max_tokens: object, ttl: object) ->
     negative, not an integer, past `MAX_RESERVATION`, or a ttl that is not a positive time.
     The gateway bounds what it asks for (`openai_request`), so this only ever fires on a
     bug; every store calls it first, so none of them half-applies one."""
+    if (  # what the gateway sends, checked in one expression (this runs for every request)
+        type(prompt_tokens) is int
+        and type(max_tokens) is int
+        and prompt_tokens >= 0
+        and max_tokens >= 0
+        and prompt_tokens + max_tokens <= MAX_RESERVATION
+        and (type(ttl) is float or type(ttl) is int)
+        and 0 < ttl < _INF
+    ):
+        return
     for name, value in (("prompt_tokens", prompt_tokens), ("max_tokens", max_tokens)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise ValueError(f"{name} must be an integer >= 0, got {value!r}")

@@ -8,6 +8,8 @@ The engine-level rules (windows, budgets, charge-exactly-once) are held against 
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from serving.gateway.quota import (
     InMemoryQuotaStore,
@@ -22,6 +24,7 @@ from serving.gateway.quota import (
     ScopedLimits,
     WindowStatus,
 )
+from serving.gateway.quota.store import MAX_RESERVATION, check_reservation
 from tests.gateway.quota.conftest import StoreFactory
 from tests.gateway.quota.running import run_async
 
@@ -110,3 +113,31 @@ async def test_unrenewed_leases_expire_with_their_whole_reservation_and_renewed_
         ).tokens_in_window == 20  # an expired lease is charged in full
         assert not await store.renew(lost, 10)
         assert isinstance(await reserve(store), Lease)  # its slot is free again
+
+
+_ANY_VALUE = st.one_of(
+    st.integers(min_value=-(2**60), max_value=2**60),
+    st.just(MAX_RESERVATION),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.booleans(),
+    st.none(),
+    st.text(max_size=3),
+)
+
+
+@given(prompt=_ANY_VALUE, max_tokens=_ANY_VALUE, ttl=_ANY_VALUE)
+def test_check_reservation_accepts_exactly_counts_a_counter_can_hold(
+    prompt: object, max_tokens: object, ttl: object
+) -> None:
+    # Its one-expression fast path (every request takes it) must agree with the rule.
+    counts_ok = all(
+        isinstance(value, int) and not isinstance(value, bool) and value >= 0
+        for value in (prompt, max_tokens)
+    )
+    holdable = counts_ok and prompt + max_tokens <= MAX_RESERVATION  # type: ignore[operator]
+    ttl_ok = isinstance(ttl, int | float) and not isinstance(ttl, bool) and 0 < ttl < float("inf")
+    if holdable and ttl_ok:
+        check_reservation(prompt, max_tokens, ttl)
+    else:
+        with pytest.raises(ValueError):
+            check_reservation(prompt, max_tokens, ttl)
