@@ -282,12 +282,13 @@ def run(args: argparse.Namespace) -> int:
 
 def gateway_engine_settings(profile: Profile, scheduling: str) -> dict[str, int | str]:
     """What the gateway must know of the engine it fronts: its sequences (the fair queue's
-    slots), the queue policy, and whether vLLM orders by priority (then the keys' classes are
-    sent as each request's `priority`)."""
+    slots), the queue policy, whether vLLM orders by priority (then the keys' classes are
+    sent as each request's `priority`), and the tokens per stream event to ask for."""
     return {
         "engine_slots": profile.max_num_seqs,
         "scheduling": scheduling,
         "engine_priority": str(profile.scheduling_policy == "priority").lower(),
+        "stream_interval": profile.stream_interval,
     }
 
 

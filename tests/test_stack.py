@@ -59,6 +59,7 @@ def test_the_gateway_sends_priorities_exactly_when_the_engine_orders_by_them(
     shipped = load_profile(name)
     settings = gateway_engine_settings(shipped, "fair")
     assert settings["engine_slots"] == shipped.max_num_seqs
+    assert settings["stream_interval"] == shipped.stream_interval == 8  # as cpu-tiny's
     assert (shipped.scheduling_policy == "priority") is priority
     loaded = GatewaySettings.create(upstream="http://127.0.0.1:1", api_keys=["k"], **settings)
     assert loaded.engine_priority is priority

@@ -47,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--reserved",
-        default="2,4,6",
+        default="1,2,4",
         help="--reserved-slots of the fair gateways, comma-separated (default: %(default)s)",
     )
     parser.add_argument("--output-dir", type=Path, default=RESULTS_DIR)
@@ -151,16 +151,19 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
         pin_self(GATEWAY_CPU)
     from serving.profiles import load_profile
 
-    slots = load_profile(PROFILE).max_num_seqs
+    profile = load_profile(PROFILE)
+    slots = profile.max_num_seqs
     reserved = [int(value) for value in args.reserved.split(",") if value]
     for value in reserved:
         GatewaySettings.create(
             upstream="http://x:1", api_keys=["k"], engine_slots=slots, reserved_slots=value
         )  # fmt: skip  (a bad value fails here)
-    settings = {"fcfs": ["--scheduling", "fcfs"]}
+    # Every gateway asks for the profile's stream events, as `serving up`'s would.
+    events = ["--stream-interval", str(profile.stream_interval)]
+    settings = {"fcfs": ["--scheduling", "fcfs", *events]}
     for value in reserved:
         settings[f"fair, {value} reserved"] = [
-            "--engine-slots", str(slots), "--reserved-slots", str(value)
+            "--engine-slots", str(slots), "--reserved-slots", str(value), *events
         ]  # fmt: skip
     runs: list[dict[str, dict[str, object]]] = []
     with (
@@ -194,6 +197,7 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
             "quiet_rate": args.quiet_rate,
             "noisy_streams": args.noisy_streams,
             "engine_slots": slots,
+            "stream_interval": profile.stream_interval,
             "quiet_max_tokens": 16,
             "noisy_max_tokens": 256,
         },

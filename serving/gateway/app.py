@@ -205,6 +205,7 @@ class GatewayApp:
             queue=self.queue,
             retry_after_s=settings.retry_after_s,
             engine_priority=settings.engine_priority,
+            stream_interval=settings.stream_interval,
         )
         self.health = HealthMonitor(
             self.router, self.catalog, self.metrics, interval_s=settings.health_interval_s

@@ -83,6 +83,7 @@ class Completions:
         queue: FairQueue | None = None,
         retry_after_s: int = 1,
         engine_priority: bool = False,
+        stream_interval: int = 1,
     ) -> None:
         self._engine = engine
         self._proxy = proxy
@@ -91,6 +92,7 @@ class Completions:
         self._queue = queue
         self._retry_after_s = retry_after_s
         self._engine_priority = engine_priority
+        self._stream_interval = stream_interval
         self._running: set[Lease] = set()
 
     async def handle(
@@ -167,10 +169,12 @@ class Completions:
 
         # forward (to the engine the router picks: with affinity, by the prompt's prefixes)
         running = parsed.usage_upstream
+        interval = self._stream_interval if running else 1  # chat and completion streams
         meter = ResponseMeter(
             strip_usage=running and not parsed.client_wants_usage,
             running=running,
             strip_running=running and not parsed.client_wants_running_usage,
+            tokens_per_event=interval,
         )
         prefixes: list[int] = []
         if self._proxy.router.wants_prefixes:
@@ -185,6 +189,7 @@ class Completions:
                 max_tokens=decision.max_tokens,
                 model=model,
                 priority=caller.priority if self._engine_priority else 0,
+                stream_interval=interval,
             ),
             request.request_id,
             response_headers=rate_limit_raw_headers(decision.rate_limit),

@@ -171,7 +171,12 @@ def check_tokenize_body(body: bytes, images: ImagePolicy) -> None:
 
 
 def render_upstream_body(
-    request: CompletionRequest, *, max_tokens: int, model: str | None = None, priority: int = 0
+    request: CompletionRequest,
+    *,
+    max_tokens: int,
+    model: str | None = None,
+    priority: int = 0,
+    stream_interval: int = 1,
 ) -> bytes:
     """The body sent to vLLM: the admitted max_tokens, and in chat and completion streams
     usage always asked for, in every chunk too (`continuous_usage_stats`): a stream cut
@@ -179,13 +184,18 @@ def render_upstream_body(
     vLLM merged tokens into one event for a reader that fell behind. What the client did
     not ask for is stripped again (`ResponseMeter`). `model`, when it differs from the
     request's, replaces it (a key's default adapter); a `priority` other than 0 is the key's
-    (a client's own is refused). The client's own bytes when nothing changes."""
+    (a client's own is refused). In those streams a `stream_interval` above 1 is the
+    gateway's (`GatewaySettings.stream_interval`; a client's own is refused). The client's
+    own bytes when nothing changes."""
     force_usage = request.usage_upstream and not request.client_wants_running_usage
+    interval = stream_interval if request.usage_upstream and stream_interval > 1 else 0
     new_model = model is not None and model != request.model
     unchanged = request.requested_max_tokens == max_tokens and not new_model and not priority
-    if unchanged and not force_usage:
+    if unchanged and not force_usage and not interval:
         return request.body
     data = request.data
+    if interval:
+        data["stream_interval"] = interval
     if new_model:
         data["model"] = model
     if priority:

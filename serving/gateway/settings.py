@@ -203,7 +203,7 @@ class GatewaySettings(BaseSettings):
     """With engine_slots: `fair`, a free slot goes to the waiting key that has been served
     the fewest tokens (per its weight), so one key's flood delays that key, not the others;
     `fcfs`, no gateway queue, vLLM's order (as without engine_slots)."""
-    reserved_slots: int = Field(default=2, ge=0)
+    reserved_slots: int = Field(default=1, ge=0)
     """With fair scheduling: slots no single key may take (of engine_slots x engines), so
     that a key arriving while another floods finds one free at once instead of waiting for
     one of the flood's requests to end (vLLM never preempts a running sequence for it).
@@ -211,6 +211,11 @@ class GatewaySettings(BaseSettings):
     queue_timeout_s: Seconds = 30.0
     """Longest a request waits for a slot; then 503 `engine_overloaded` with Retry-After,
     nothing charged."""
+    stream_interval: int = Field(default=1, ge=1, le=64)
+    """Tokens vLLM gathers into one event of a chat or completion stream (its per-request
+    `stream_interval`; a stream's first token still comes at once). Fewer events cost vLLM's
+    API server less per token, which every other request on a busy engine feels
+    (docs/fair-sharing.md); 1: an event per token, vLLM's default."""
     engine_priority: bool = False
     """Send each key's priority class to vLLM as the request's `priority`, for engines run
     with priority scheduling (a profile's scheduling_policy); clients never can."""

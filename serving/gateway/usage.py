@@ -78,11 +78,17 @@ class ResponseMeter:
         "running",
         "strip_running",
         "strip_usage",
+        "tokens_per_event",
         "usage",
     )
 
     def __init__(
-        self, *, strip_usage: bool, running: bool = False, strip_running: bool = False
+        self,
+        *,
+        strip_usage: bool,
+        running: bool = False,
+        strip_running: bool = False,
+        tokens_per_event: int = 1,
     ) -> None:
         self.strip_usage = strip_usage
         """Drop the final usage chunk (the client did not ask for it)."""
@@ -91,6 +97,9 @@ class ResponseMeter:
         final usage is then only the chunk without choices. The Responses API has none."""
         self.strip_running = strip_running
         """Cut the usage out of every other chunk (the client did not ask for that)."""
+        self.tokens_per_event = tokens_per_event
+        """The most tokens vLLM puts in one event of this stream when its reader keeps up
+        (the stream_interval the gateway asked for)."""
         self.usage: Usage | None = None
         """The final usage (chunk), or the usage of a whole body."""
         self.events = 0
@@ -108,15 +117,16 @@ class ResponseMeter:
 
     def streamed_tokens(self, choices: int) -> int:
         """Completion tokens of a stream cut short, never below what vLLM made of it as far
-        as the gateway read: vLLM's running count, or one token per event without one.
-        With n > 1 the count is one choice's, and the others' events for the same step may
-        still be on their way: (count + 1) per choice."""
+        as the gateway read: vLLM's running count, or `tokens_per_event` per event without
+        one. With n > 1 the count is one choice's, and the others' events for the same step
+        may still be on their way: (count + tokens_per_event) per choice."""
         running = self.running_usage
+        per_event = self.tokens_per_event
         if running is None:
-            return self.events
+            return self.events * per_event
         if choices == 1:
             return running.completion_tokens
-        return max(self.events, (running.completion_tokens + 1) * choices)
+        return max(self.events, (running.completion_tokens + per_event) * choices)
 
     # -- whole bodies ----------------------------------------------------------------------
 

@@ -76,6 +76,12 @@ class Profile(BaseModel):
     # first), which the gateway sets from the key's priority class (`serving up` turns it on).
     scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
     max_num_batched_tokens: int | None = Field(default=None, ge=16)
+    # Tokens per event of chat and completion streams: `serving up` gives it to the gateway,
+    # which asks vLLM for it per request (vLLM's request field, not its engine flag, which
+    # would merge Responses streams too, charged per event when cut). Fewer events cost vLLM's
+    # API server less per token, which other requests on a busy engine feel
+    # (docs/fair-sharing.md). 1: an event per token.
+    stream_interval: int = Field(default=1, ge=1, le=64)
     enable_chunked_prefill: bool = True
     enable_prefix_caching: bool = True
     kv_cache_dtype: KvCacheDtype = "auto"

@@ -145,6 +145,33 @@ def test_render_sets_max_tokens_and_forces_usage_in_streams() -> None:
     assert "stream_options" not in rendered and rendered["extra_field"] == {"kept": True}
 
 
+def test_render_asks_for_the_gateways_stream_interval_in_chat_and_completion_streams() -> None:
+    stream = parse_completion_request("chat", chat(stream=True))
+    assert json.loads(render_upstream_body(stream, max_tokens=3, stream_interval=8)) == (
+        json.loads(render_upstream_body(stream, max_tokens=3)) | {"stream_interval": 8}
+    )
+    completion = json.dumps({"model": "m", "prompt": "p", "stream": True}).encode()
+    completions = parse_completion_request("completion", completion)
+    rendered = render_upstream_body(completions, max_tokens=3, stream_interval=8)
+    assert json.loads(rendered)["stream_interval"] == 8
+    options = {"include_usage": True, "continuous_usage_stats": True}
+    own = chat(max_tokens=3, stream=True, stream_options=options)
+    request = parse_completion_request("chat", own)
+    assert json.loads(render_upstream_body(request, max_tokens=3, stream_interval=4)) == (
+        json.loads(own) | {"stream_interval": 4}
+    )
+    # Not in whole answers (one event anyway), nor in Responses streams (charged per event
+    # when cut: vLLM has no running usage there), nor at 1 (vLLM's default)
+    whole = parse_completion_request("chat", chat(max_tokens=3))
+    assert render_upstream_body(whole, max_tokens=3, stream_interval=8) is whole.body
+    responses_body = json.dumps({"model": "m", "input": "hi", "stream": True}).encode()
+    responses = parse_completion_request("responses", responses_body)
+    assert "stream_interval" not in json.loads(
+        render_upstream_body(responses, max_tokens=3, stream_interval=8)
+    )
+    assert render_upstream_body(request, max_tokens=3, stream_interval=1) is own
+
+
 @pytest.mark.parametrize(("value", "expected"), [(None, None), (1, 1), (10**9, 10**9)])
 def test_check_max_tokens_accepts(value: object, expected: object) -> None:
     assert check_max_tokens(value) == expected  # huge is fine here: the quota engine caps it

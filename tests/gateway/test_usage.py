@@ -189,6 +189,17 @@ def test_with_several_choices_the_count_bounds_every_choice() -> None:
     assert meter.streamed_tokens(2) == (3 + 1) * 2
 
 
+def test_events_of_several_tokens_raise_the_bounds_by_as_many() -> None:
+    # the gateway asked vLLM for up to 4 tokens per event (its stream_interval)
+    meter = ResponseMeter(strip_usage=True, running=True, strip_running=True, tokens_per_event=4)
+    relay(meter, [running_chunk("a", 8, index=0), running_chunk("b", 9, index=1)])
+    assert meter.streamed_tokens(2) == (9 + 4) * 2
+    assert meter.streamed_tokens(1) == 9  # one choice: vLLM's count itself
+    unread = ResponseMeter(strip_usage=True, tokens_per_event=4)
+    relay(unread, TOKENS[:2])  # no running count: every event may hold 4
+    assert unread.streamed_tokens(1) == 2 * 4
+
+
 @given(st.lists(st.integers(min_value=0, max_value=200), max_size=8))
 def test_running_usage_survives_any_chunking(cuts: list[int]) -> None:
     stream = b"".join([*RUNNING, FINAL, DONE])
