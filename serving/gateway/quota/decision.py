@@ -291,19 +291,19 @@ def rate_limit_status(
     """The minute windows of `scopes`: per dimension, the scope with the least left."""
     requests: WindowStatus | None = None
     tokens: WindowStatus | None = None
+    # Written out rather than through helpers: this runs for every request, and a window's
+    # reset is looked up only for the scope that has the least left (the first on a tie).
     for (_, limits), state in zip(scopes, states, strict=True):
-        if limits.rpm is not None:
-            requests = _tighter(requests, _window_status(state.requests, limits.rpm, now))
-        if limits.tpm is not None:
-            tokens = _tighter(tokens, _window_status(state.tokens, limits.tpm, now))
-    return RateLimitStatus(requests=requests, tokens=tokens)
-
-
-def _window_status(window: MinuteUsage, limit: int, now: float) -> WindowStatus:
-    return WindowStatus(limit, max(0, limit - window.used), window_reset(window.buckets, now))
-
-
-def _tighter(current: WindowStatus | None, candidate: WindowStatus) -> WindowStatus:
-    if current is None or candidate.remaining < current.remaining:
-        return candidate
-    return current
+        limit = limits.rpm
+        if limit is not None:
+            window = state.requests
+            remaining = max(0, limit - window.used)
+            if requests is None or remaining < requests.remaining:
+                requests = WindowStatus(limit, remaining, window_reset(window.buckets, now))
+        limit = limits.tpm
+        if limit is not None:
+            window = state.tokens
+            remaining = max(0, limit - window.used)
+            if tokens is None or remaining < tokens.remaining:
+                tokens = WindowStatus(limit, remaining, window_reset(window.buckets, now))
+    return RateLimitStatus(requests, tokens)
