@@ -221,8 +221,9 @@ _LONG_DIGITS = b"0" * 19
 
 
 def read_json_body(body: bytes) -> Any:
-    """`json.loads`, through orjson where that gives the same value: 2.3 -> 0.4 µs for a
-    small chat body (make bench's). The standard library decides whatever orjson refuses
+    """`json.loads`, through orjson where that gives the same value: 2.3 -> 0.9 µs for a
+    small chat body (make bench's), the look for long integers included. The standard
+    library decides whatever orjson refuses
     (it accepts more: NaN, a byte order mark, UTF-16, lone surrogates) and any body with an
     integer orjson might not hold exactly."""
     if _LONG_DIGITS not in body.translate(_DIGITS_AS_ZEROS):
