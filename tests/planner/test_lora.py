@@ -14,6 +14,8 @@ import pytest
 
 from serving.cli import main
 from serving.errors import ServingError
+from serving.models.cached_build import Progress
+from serving.models.tiny_model import ensure_tiny_model
 from serving.planner import PlanSettings, evaluate, get_gpu, plan_for, resolve_model
 from serving.planner.lora import LoraBytes, decoder_layer_elements, lora_bytes
 from serving.planner.models import ModelSpec
@@ -172,6 +174,9 @@ def test_the_plans_quoted_in_adapters_md_are_what_serving_plan_prints(
 ) -> None:
     words = shlex.split(command.removeprefix("$ "))
     assert words[0] == ".venv/bin/serving"
+    # The profile's model is read from its build (built by `make up` before a reader runs
+    # this): built here, not left to whichever test happened to build it first.
+    ensure_tiny_model(progress=Progress(quiet=True))
     assert main(words[1:]) == 0
     printed = capsys.readouterr().out.splitlines()
     assert lines and all(line in printed for line in lines), (lines, printed)
