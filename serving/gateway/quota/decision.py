@@ -291,19 +291,20 @@ def rate_limit_status(
     """The minute windows of `scopes`: per dimension, the scope with the least left."""
     requests: WindowStatus | None = None
     tokens: WindowStatus | None = None
-    # Written out rather than through helpers: this runs for every request, and a window's
-    # reset is looked up only for the scope that has the least left (the first on a tie).
     for (_, limits), state in zip(scopes, states, strict=True):
-        limit = limits.rpm
-        if limit is not None:
-            window = state.requests
-            remaining = max(0, limit - window.used)
-            if requests is None or remaining < requests.remaining:
-                requests = WindowStatus(limit, remaining, window_reset(window.buckets, now))
-        limit = limits.tpm
-        if limit is not None:
-            window = state.tokens
-            remaining = max(0, limit - window.used)
-            if tokens is None or remaining < tokens.remaining:
-                tokens = WindowStatus(limit, remaining, window_reset(window.buckets, now))
+        if limits.rpm is not None:
+            requests = _tighter(requests, limits.rpm, state.requests, now)
+        if limits.tpm is not None:
+            tokens = _tighter(tokens, limits.tpm, state.tokens, now)
     return RateLimitStatus(requests, tokens)
+
+
+def _tighter(
+    current: WindowStatus | None, limit: int, window: MinuteUsage, now: float
+) -> WindowStatus:
+    """`window` under `limit` if it has less left than `current` (the first on a tie). Its
+    reset is looked up only then: this runs for every request."""
+    remaining = max(0, limit - window.used)
+    if current is not None and remaining >= current.remaining:
+        return current
+    return WindowStatus(limit, remaining, window_reset(window.buckets, now))
