@@ -1,12 +1,15 @@
 """`serving usage report`: the tokens each key used, per model and UTC day, from the ledger
 the gateways write (keys.db, or Redis with `--redis-url`).
 
+    serving usage report                    # this UTC month, from its first day to today
     serving usage report --from 2026-03-01 --to 2026-03-31
     serving usage report --from 2026-03-01 --to 2026-03-31 --key key_5e01c9a7 --format csv
     serving usage report --from 2026-03-01 --to 2026-03-31 --format json --redis-url URL
 
+`--to` defaults to today and `--from` to the first day of `--to`'s month (`report_query`).
 `--format json` prints the document GET /admin/v1/usage answers (`usage_ledger.report`);
 key names come from the key store beside the ledger (keys.db, or the keys in that Redis).
+CSV cells a spreadsheet would run as formulas are written as text (`report.render_csv`).
 Bad input is one line naming the flag, and exit status 2. The Redis URL is never printed.
 Store modules are imported inside `run`, so `serving --help` stays instant.
 """
@@ -36,9 +39,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     report = actions.add_parser(
         "report", help="tokens per key, model and UTC day, with totals per key and in all"
     )
-    # Checked in `run`, not by argparse, so that a missing or bad value is one line too.
-    report.add_argument("--from", dest="first", metavar="YYYY-MM-DD", help="first UTC day")
-    report.add_argument("--to", dest="last", metavar="YYYY-MM-DD", help="last UTC day (included)")
+    # Checked in `run`, not by argparse, so that a bad value is one line too.
+    report.add_argument(
+        "--from",
+        dest="first",
+        metavar="YYYY-MM-DD",
+        help="first UTC day (default: the first day of --to's month)",
+    )
+    report.add_argument(
+        "--to", dest="last", metavar="YYYY-MM-DD", help="last UTC day, included (default: today)"
+    )
     report.add_argument("--key", metavar="KEY_ID", help="one key only, e.g. key_5e01c9a7")
     report.add_argument(
         "--format", default="table", metavar="{table,csv,json}", help="default: table"

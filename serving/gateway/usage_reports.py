@@ -12,11 +12,12 @@ nothing, and the endpoint says so (404 `usage_not_recorded`) rather than report 
 restart would forget.
 
     GET /admin/v1/usage?from=2026-03-01&to=2026-03-31[&key=key_5e01c9a7]
+    GET /admin/v1/usage                        # this UTC month, from its first day to today
 
 answers `usage_ledger.report.build_report`'s JSON, the same as `serving usage report
---format json`, behind the admin keys (`admin.api`). It first writes what this gateway has
-recorded and not written yet, so its own requests are all in; other replicas' last
-`FLUSH_INTERVAL_S` may not be.
+--format json`, with the same defaults for `from` and `to` (`report_query`'s), behind the
+admin keys (`admin.api`). It first writes what this gateway has recorded and not written
+yet, so its own requests are all in; other replicas' last `FLUSH_INTERVAL_S` may not be.
 """
 
 from __future__ import annotations

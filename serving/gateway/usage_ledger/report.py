@@ -1,6 +1,7 @@
 """A usage report: what it asks for, its one JSON shape, and that JSON as CSV or a table.
 
     query = report_query("2026-03-01", "2026-03-31", None)   # ReportQueryError names a param
+    query = report_query(None, None, None)         # this UTC month, from its first day to today
     report = build_report(query, rows, name_of)    # what GET /admin/v1/usage answers
     text = render(report, "table")                 # `serving usage report`: table, csv, json
 
@@ -20,6 +21,14 @@ Rows are sorted by day, key id and model, keys by key id. `key_name` is null for
 key store holds (a development key, a deleted one). `model` is the gateway's metrics label:
 the model or adapter name the engines serve, `other` for anything else. CSV holds the rows
 alone, a header first, for a spreadsheet to add up; the table adds totals per key and in all.
+
+A key's name is whatever its creator typed, and a spreadsheet runs a cell that starts like a
+formula (CSV injection). So the CSV does what OWASP advises for every text cell: it is quoted,
+so that a separator or line break inside it (`;` is the separator in some locales, a bare CR
+a line break) cannot start a new cell there, and one starting with one of FORMULA_TRIGGERS
+gets a leading `'`, which spreadsheets read as "this is text". Only text cells: the token
+counts are written bare, as the numbers they are, a negative one too. The JSON is data for
+programs and the table text for a terminal, neither opened as cells: both keep names as is.
 """
 
 from __future__ import annotations
@@ -35,6 +44,7 @@ from typing import Any
 
 from serving.gateway.auth import DEV_KEY_ID
 from serving.gateway.keys.credentials import is_key_id
+from serving.gateway.usage_ledger.days import utc_today
 from serving.gateway.usage_ledger.tally import UsageRow
 
 FORMATS = ("table", "csv", "json")
@@ -43,6 +53,8 @@ MAX_DAYS = 3660
 CSV_COLUMNS = (
     "day", "key_id", "key_name", "model", "prompt_tokens", "completion_tokens", "total_tokens",
 )  # fmt: skip
+# OWASP's list (= + - @ tab CR), with LF and NUL, which ASVS 1.2.10 adds.
+FORMULA_TRIGGERS = ("=", "+", "-", "@", "\t", "\r", "\n", "\0")
 _DAY = re.compile(r"\d{4}-\d{2}-\d{2}")
 _DEV_KEY_ID = re.compile(rf"{DEV_KEY_ID}(-\d{{1,4}})?")
 
@@ -66,21 +78,28 @@ class ReportQuery:
 
 
 def report_query(first: str | None, last: str | None, key_id: str | None) -> ReportQuery:
-    """The days from `first` to `last` (YYYY-MM-DD, UTC, both included), of one key or all."""
-    start, end = _day("from", first), _day("to", last)
+    """The days from `first` to `last` (YYYY-MM-DD, UTC, both included), of one key or all.
+
+    `last` defaults to today and `first` to the first day of `last`'s month: neither given is
+    the current month so far, the bill still running up; `last` alone is its month up to it.
+    None is a value not given; an empty string is given, and not a day."""
+    end = utc_today() if last is None else _day("to", last)
+    start = end.replace(day=1) if first is None else _day("from", first)
+    # Without `to`, a bad range is `from`'s doing: the error names the one the user gave.
+    if end < start and last is None:
+        raise ReportQueryError("from", f"{start} is after today ({end})")
     if end < start:
         raise ReportQueryError("to", f"{end} is before the first day ({start})")
     if (end - start).days >= MAX_DAYS:
-        raise ReportQueryError("to", f"a report covers at most {MAX_DAYS} days")
+        param = "to" if last is not None else "from"
+        raise ReportQueryError(param, f"a report covers at most {MAX_DAYS} days")
     if key_id is not None and not (is_key_id(key_id) or _DEV_KEY_ID.fullmatch(key_id)):
         # Not echoed: a secret pasted by mistake must not travel on.
         raise ReportQueryError("key", "is not a key id (e.g. key_5e01c9a7, or dev)")
     return ReportQuery(start.isoformat(), end.isoformat(), key_id)
 
 
-def _day(param: str, text: str | None) -> date:
-    if text is None or not text:
-        raise ReportQueryError(param, "is required (a UTC day, YYYY-MM-DD)")
+def _day(param: str, text: str) -> date:
     try:
         if not _DAY.fullmatch(text):
             raise ValueError(text)
@@ -152,11 +171,23 @@ def render(report: Report, form: str) -> str:
 
 def render_csv(report: Report) -> str:
     out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
+    # QUOTE_NONNUMERIC quotes every str and no int: the text cells, and only those.
+    writer = csv.writer(out, lineterminator="\n", quoting=csv.QUOTE_NONNUMERIC)
     writer.writerow(CSV_COLUMNS)
     for row in report["rows"]:
-        writer.writerow(["" if row[column] is None else row[column] for column in CSV_COLUMNS])
+        writer.writerow([_cell(row[column]) for column in CSV_COLUMNS])
     return out.getvalue()
+
+
+def _cell(value: str | int | None) -> str | int:
+    """A CSV cell, with text a spreadsheet would run as a formula made plain text (see the
+    module docstring). Decided by type, not by look: a count of -5 stays a number, a name
+    "-5" is text and stays text."""
+    if value is None:
+        return ""
+    if isinstance(value, str) and value.startswith(FORMULA_TRIGGERS):
+        return "'" + value
+    return value
 
 
 def render_table(report: Report) -> str:

