@@ -7,10 +7,13 @@ STAMP := $(VENV)/.installed
 # ./var: serving/paths.py decides that for every `serving` command run from a checkout (and
 # honours SERVING_HOME when it is set), so `make up` and `.venv/bin/serving keys` agree.
 PROFILE ?= cpu-tiny
-# The stack's ports: `make up PORT=9000 ENGINE_PORT=9001` (the launcher's metrics: ENGINE_PORT+1).
+# The stack's ports: `make up PORT=9000 ENGINE_PORT=9001` (the launcher's metrics: ENGINE_PORT+1);
+# GATEWAY_METRICS_PORT is the gateway's metrics port, the one with every key's series.
 # Their defaults are serving/ports.py's, read with the system Python (no venv needed).
 PORT ?= $(shell $(PYTHON) -c 'from serving.ports import GATEWAY_PORT; print(GATEWAY_PORT)')
 ENGINE_PORT ?= $(shell $(PYTHON) -c 'from serving.ports import ENGINE_PORT; print(ENGINE_PORT)')
+GATEWAY_METRICS_PORT ?= $(shell $(PYTHON) -c \
+  'from serving.ports import GATEWAY_METRICS_PORT; print(GATEWAY_METRICS_PORT)')
 # vLLM engines `make up` runs, the gateway routing over them: `make up REPLICAS=2`.
 REPLICAS ?= 1
 # `make monitor`'s Prometheus (http://127.0.0.1:$(PROM_PORT)).
@@ -72,14 +75,14 @@ k8s-check: $(STAMP) $(K8S_STAMP)
 
 up: $(STAMP)
 	$(BIN)/serving up --profile $(PROFILE) --port $(PORT) --engine-port $(ENGINE_PORT) \
-	  --replicas $(REPLICAS)
+	  --gateway-metrics-port $(GATEWAY_METRICS_PORT) --replicas $(REPLICAS)
 
 # Debian's Prometheus with monitoring/prometheus/ (scrape config, rules, alerts), scraping the
-# stack `make up` runs on $(PORT)/$(ENGINE_PORT) (start it in another terminal); data in
-# var/prometheus; in the foreground until Ctrl-C.
+# stack `make up` runs on $(GATEWAY_METRICS_PORT)/$(ENGINE_PORT) (start it in another
+# terminal); data in var/prometheus; in the foreground until Ctrl-C.
 monitor: $(STAMP) $(SYSTEM_STAMP)
-	$(BIN)/python -m monitoring.prometheus.local --port $(PORT) --engine-port $(ENGINE_PORT) \
-	  --prom-port $(PROM_PORT)
+	$(BIN)/python -m monitoring.prometheus.local --gateway-metrics-port $(GATEWAY_METRICS_PORT) \
+	  --engine-port $(ENGINE_PORT) --prom-port $(PROM_PORT)
 
 lint: $(STAMP)
 	$(BIN)/ruff check serving loadtest bench monitoring tests mkdocs_hooks.py
@@ -117,7 +120,7 @@ WITH_STACK := $(BIN)/python -m loadtest.with_stack --profile $(PROFILE) --port $
 loadtest: $(STAMP)
 	$(WITH_STACK) $(BIN)/python -m loadtest run --host http://127.0.0.1:$(PORT) \
 	  --engine-metrics http://127.0.0.1:$(ENGINE_PORT)/metrics \
-	  --gateway-metrics http://127.0.0.1:$(PORT)/metrics \
+	  --gateway-metrics http://127.0.0.1:$(GATEWAY_METRICS_PORT)/metrics \
 	  --profile $(PROFILE) $(LOADTEST_ARGS) --out $(LOADTEST_OUT)/run
 
 # Ours vs vLLM's benchmark client: 5 interleaved rounds each of 128 prompts, medians compared

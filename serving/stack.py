@@ -6,6 +6,10 @@ stops the gateway first, so no new request reaches an engine that is going away.
 `--replicas N` runs N engines of the profile, each supervised on its own pair of ports
 (engine port + 2i, its launcher metrics on the next one), and the gateway routes over all of
 them (`--routing`): the scale-out topology on one machine, for trying it out.
+
+The gateway serves every series, each key's spend too, on a metrics port of its own
+(`--gateway-metrics-port`, `serving.ports.GATEWAY_METRICS_PORT` by default), the one
+`make monitor`'s Prometheus scrapes; its API port's /metrics has the aggregate series only.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from serving.engine.supervisor import Supervisor
 from serving.errors import ServingError
 from serving.gateway.settings import API_KEY_ENV, flag_name, split_dev_keys
 from serving.paths import dev_api_key_path, keys_db_path, logs_dir
-from serving.ports import GATEWAY_PORT
+from serving.ports import GATEWAY_METRICS_PORT, GATEWAY_PORT
 
 if TYPE_CHECKING:
     from serving.profiles.model import Profile
@@ -52,6 +56,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the first engine's port; engine i listens on this + 2i (default: %(default)s)",
     )
     add_metrics_port_argument(parser)
+    parser.add_argument(
+        "--gateway-metrics-port",
+        type=int,
+        default=GATEWAY_METRICS_PORT,
+        metavar="PORT",
+        help="the gateway's metrics port, on --host: every series, per key too; the API "
+        "port's /metrics has the aggregate ones only (default: %(default)s)",
+    )
     parser.add_argument(
         "--replicas",
         type=_replica_count,
@@ -153,6 +165,8 @@ def banner(
     load: LoadStats | None = None,
     launcher_metrics: str | None = None,
     engines: int = 1,
+    *,
+    metrics_url: str,
 ) -> str:
     load_line = f"\nModel load: {load.describe()}." if load is not None else ""
     launcher_line = f"\n  engine launcher metrics: {launcher_metrics}" if launcher_metrics else ""
@@ -162,7 +176,8 @@ Serving {model} (profile {profile}); {what} became healthy in {engine_seconds:.1
 
   API:      {url}/v1
   API key:  {api_key}
-  metrics:  {url}/metrics     health: {url}/healthz  {url}/readyz{launcher_line}
+  metrics:  {metrics_url}/metrics (per key; the API port's /metrics: totals only)
+  health:   {url}/healthz  {url}/readyz{launcher_line}
   playground (chat in the browser): {url}/playground
 
 Try it:
@@ -207,6 +222,10 @@ def run(args: argparse.Namespace) -> int:
         for replica, port in enumerate(ports)
     ]
     launcher_port = metrics_port(args, args.engine_port)
+    launchers = [launcher_port + 2 * replica for replica in range(args.replicas)]
+    check_gateway_metrics_port(
+        args.gateway_metrics_port, args.port, ports, launchers if launcher_port else []
+    )
     launcher_urls: list[str] = []
     if launcher_port:
         for replica, supervisor in enumerate(supervisors):
@@ -235,6 +254,7 @@ def run(args: argparse.Namespace) -> int:
             args.keys_db,
             routing=args.routing,
             settings={
+                "metrics_port": args.gateway_metrics_port,
                 **gateway_image_settings(profile),
                 **gateway_engine_settings(profile, args.scheduling),
             },
@@ -250,6 +270,7 @@ def run(args: argparse.Namespace) -> int:
                 first.load_stats if first else None,
                 " ".join(launcher_urls) or None,
                 engines=len(supervisors),
+                metrics_url=f"http://{args.host}:{args.gateway_metrics_port}",
             ),
             flush=True,
         )
@@ -278,6 +299,22 @@ def run(args: argparse.Namespace) -> int:
         for supervisor in supervisors:
             supervisor.stop()
     return 0
+
+
+def check_gateway_metrics_port(
+    port: int, gateway_port: int, engine_ports: list[int], launcher_ports: list[int]
+) -> None:
+    """Refuse a gateway metrics port that another of the stack's servers takes, before any
+    of them starts (a bind error after the engines loaded would cost their load time)."""
+    if not 0 < port < 65536:
+        raise ServingError(f"--gateway-metrics-port {port}: not a port number")
+    taken = {gateway_port: "the gateway's (--port)"}
+    taken |= {engine: "an engine's (--engine-port + 2i)" for engine in engine_ports}
+    taken |= {launcher: "an engine launcher's (--metrics-port)" for launcher in launcher_ports}
+    if port in taken:
+        raise ServingError(
+            f"--gateway-metrics-port {port} is also {taken[port]} port: choose another"
+        )
 
 
 def gateway_engine_settings(profile: Profile, scheduling: str) -> dict[str, int | str]:

@@ -164,16 +164,27 @@ def called_names(function: object) -> list[str]:
     return names
 
 
+def handler_calls(cls: type, method: str, seen: frozenset[str] = frozenset()) -> list[str]:
+    """`called_names` of `cls.method`, with the calls of the class's own private methods it
+    calls (`self._wait(...)`) written out in their place: the handler's steps in source order."""
+    names: list[str] = []
+    for name in called_names(getattr(cls, method)):
+        names.append(name)
+        if name.startswith("_") and name not in seen and callable(getattr(cls, name, None)):
+            names.extend(handler_calls(cls, name, seen | {method, name}))
+    return names
+
+
 # The life of a metered request: the functions Completions.handle calls for its steps.
 REQUEST_LIFE = (
     "parse_completion_request",
     "admit",
     "check_admitted",
-    "withdraw",
     "turn",
     "render_upstream_body",
     "forward",
     "_settle",
+    "withdraw",
     "_record_outcome",
 )
 
@@ -197,9 +208,8 @@ def test_each_metered_route_runs_the_steps_the_page_lists_in_its_order() -> None
         if name not in listed:
             listed.append(name)
     # first calls only: a step called again (a withdrawal on a later refusal) keeps its place
-    life = list(
-        dict.fromkeys(name for name in called_names(Completions.handle) if name in REQUEST_LIFE)
-    )
+    calls = handler_calls(Completions, "handle")
+    life = list(dict.fromkeys(name for name in calls if name in REQUEST_LIFE))
     assert sorted(set(life)) == sorted(REQUEST_LIFE), f"Completions.handle calls {life}"
     assert [name for name in listed if name in REQUEST_LIFE] == life, (
         f"Completions.handle runs {life}, the page lists {listed}"

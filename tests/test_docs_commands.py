@@ -144,7 +144,7 @@ COMMANDS: dict[str, dict[str, Verdict]] = {
         ),
         '.venv/bin/python -m loadtest run --host http://127.0.0.1:8000 --api-key "$KEY" '
         "--engine-metrics http://127.0.0.1:8001/metrics --gateway-metrics "
-        "http://127.0.0.1:8000/metrics --workload long-context --step-ramp 1,2,10s,4 "
+        "http://127.0.0.1:8100/metrics --workload long-context --step-ramp 1,2,10s,4 "
         "--processes 2 --out var/loadtest/ramp": Runs(
             "tests/loadtest/test_run.py", '"--step-ramp", "1,2,2s,2", "--processes", "2"'
         ),

@@ -1,17 +1,26 @@
 """`serving up`'s gateway settings for images come from the served model's files and the
-profile (the engine side of the same numbers); its slots and priority from the profile."""
+profile (the engine side of the same numbers); its slots and priority from the profile; its
+metrics port (every key's series) is open by default, on no other server's port."""
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
 import pytest
 
+from serving.errors import ServingError
 from serving.gateway.settings import GatewaySettings
+from serving.ports import ENGINE_PORT, GATEWAY_METRICS_PORT, GATEWAY_PORT
 from serving.profiles import load_profile
 from serving.profiles.model import Profile
-from serving.stack import gateway_engine_settings, gateway_image_settings
+from serving.stack import (
+    add_arguments,
+    check_gateway_metrics_port,
+    gateway_engine_settings,
+    gateway_image_settings,
+)
 
 
 def profile(model: str, **fields: object) -> Profile:
@@ -63,3 +72,35 @@ def test_the_gateway_sends_priorities_exactly_when_the_engine_orders_by_them(
     assert (shipped.scheduling_policy == "priority") is priority
     loaded = GatewaySettings.create(upstream="http://127.0.0.1:1", api_keys=["k"], **settings)
     assert loaded.engine_priority is priority
+
+
+def stack_ports(replicas: int) -> tuple[list[int], list[int]]:
+    """The engines' and launchers' ports `serving up --replicas N` takes by default."""
+    engines = [ENGINE_PORT + 2 * replica for replica in range(replicas)]
+    return engines, [port + 1 for port in engines]
+
+
+def test_serving_up_opens_the_gateway_metrics_port_by_default() -> None:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert parser.parse_args([]).gateway_metrics_port == GATEWAY_METRICS_PORT
+    # no collision with the most engines --replicas allows, nor with the ephemeral ports
+    # (Linux's 32768+) the tests' free_port() hands out
+    check_gateway_metrics_port(GATEWAY_METRICS_PORT, GATEWAY_PORT, *stack_ports(16))
+    assert GATEWAY_METRICS_PORT < 32768
+
+
+@pytest.mark.parametrize(
+    ("port", "taken"),
+    [
+        (GATEWAY_PORT, "the gateway's"),
+        (ENGINE_PORT + 2 * 3, "an engine's"),
+        (ENGINE_PORT + 2 * 3 + 1, "an engine launcher's"),
+        (0, "not a port number"),
+    ],
+)
+def test_a_gateway_metrics_port_another_server_takes_is_refused_before_any_starts(
+    port: int, taken: str
+) -> None:
+    with pytest.raises(ServingError, match=f"--gateway-metrics-port {port}.*{taken}"):
+        check_gateway_metrics_port(port, GATEWAY_PORT, *stack_ports(4))

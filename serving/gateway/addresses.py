@@ -1,9 +1,11 @@
-"""Addresses in the gateway's settings: an engine's URL and a DNS server's `IP[:PORT]`.
+"""Addresses in the gateway's settings: the upstream (engines' URLs, or a `dns+` URL whose
+name lists them) and a DNS server's `IP[:PORT]`.
 
-    check_upstream_url("http://127.0.0.1:8001/")   # "http://127.0.0.1:8001", or ValueError
-    parse_nameserver("10.0.0.10:5353")             # ("10.0.0.10", 5353)
+    check_upstream("http://127.0.0.1:8001/,http://127.0.0.1:8003")   # without the slash
+    check_upstream("dns+http://engine-headless:8000")                 # discovery
+    parse_nameserver("10.0.0.10:5353")                                # ("10.0.0.10", 5353)
 
-Both raise `ValueError` with the reason only (pydantic adds the field's name).
+Each raises `ValueError` with the reason only (pydantic adds the field's name).
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import ipaddress
 from urllib.parse import urlsplit
 
 DNS_PORT = 53
+# An upstream whose host is a DNS name listing the engines (discovery), not one engine.
+DNS_PREFIX = "dns+"
 
 
 def parse_nameserver(value: str) -> tuple[str, int]:
@@ -30,6 +34,16 @@ def parse_nameserver(value: str) -> tuple[str, int]:
     if not 0 < port < 65536:
         raise ValueError(f"port {port} is out of range")
     return host, port
+
+
+def check_upstream(value: str) -> str:
+    """One `dns+` URL, or engines' URLs comma-separated (each once), without trailing slashes."""
+    if value.strip().startswith(DNS_PREFIX):
+        return DNS_PREFIX + check_upstream_url(value.strip()[len(DNS_PREFIX) :])
+    urls = [check_upstream_url(url.strip()) for url in value.split(",")]
+    if len(set(urls)) != len(urls):
+        raise ValueError("lists an engine twice")
+    return ",".join(urls)
 
 
 def check_upstream_url(url: str) -> str:

@@ -13,9 +13,9 @@ Routes:
 - ``/playground`` the chat page (`playground`; no auth: its API calls send the user's key);
 - ``/admin/``   the operator's API behind its own keys (`admin`): usage reports, runtime
                 adapters; 404 without an admin key configured;
-- ``/metrics``  Prometheus text format (no auth: scraped by Prometheus/Kubernetes; it holds
-                public key ids, never secrets); with --metrics-port, only on that port
-                (`metrics_listener`) and 404 here;
+- ``/metrics``  Prometheus text format, the aggregate series only (no auth: no series here
+                names a key or a model); every series, per key too, is on the
+                --metrics-port (`metrics_listener`) alone;
 - every other path: the route table (`route_table`), the same for every key: the metered
                 routes (chat completions, completions, Responses: `completions`), the free
                 ones (the model list; tokenize when opted in) behind an API key, vLLM's
@@ -174,6 +174,8 @@ class GatewayApp:
             if slots is not None
             else None
         )
+        if self.queue is not None:
+            self.fleet.size_queue(self.queue.resize)  # slots of the engines in rotation only
         self.metrics = GatewayMetrics(
             leases=store.active_leases,
             budget_flush_failures=journal.failures if journal is not None else lambda: 0,
@@ -249,10 +251,8 @@ class GatewayApp:
         await self.quota.reclaim_expired()
 
     async def _engines_changed(self) -> None:
-        """Discovery added or drained engines: the queue's slots follow them, and the new
-        ones are probed now rather than at the next health check."""
-        if self.queue is not None and self.settings.engine_slots is not None:
-            self.queue.resize(self.settings.engine_slots * len(self.router.engines))
+        """Discovery added or drained engines: the new ones are probed now rather than at the
+        next health check (the queue's slots follow the rotation: `Fleet.size_queue`)."""
         self.catalog.retain(engine.index for engine in self.router.engines)
         await self.health.check()
 
@@ -288,8 +288,8 @@ class GatewayApp:
                 content_length = value
         rid = request_id(client_request_id)
         path: str = scope["path"]
-        if path == "/metrics" and self.metrics_listener is None:
-            body = self.metrics.render()
+        if path == "/metrics":  # whatever the settings: per-key spend is the metrics port's
+            body = self.metrics.render_aggregate()
             await send_bytes(send, 200, body, request_id=rid, content_type=CONTENT_TYPE)
         elif path == "/healthz":
             await send_json(send, 200, {"status": "ok"}, request_id=rid)
@@ -364,12 +364,18 @@ class GatewayApp:
             logger.info("request %s: client disconnected while sending its body", rid.decode())
         except Exception:
             # A bug, never the client's fault: logged with its traceback, answered in OpenAI's
-            # shape (unless the response had started: then the connection is cut).
+            # shape: an error JSON, or once a stream has started a final error event (any
+            # other started response is cut).
             logger.exception("request %s failed", rid.decode())
-            record.status = 500
             internal = InternalError("The server had an error while processing your request.")
+            exchange = record.exchange
             with contextlib.suppress(Exception):
-                await send_error(send, internal, request_id=rid)
+                if exchange is None or not exchange.status:
+                    record.status = 500
+                    await send_error(send, internal, request_id=rid)
+                elif exchange.sse:
+                    body = b"\n\n" + internal.sse_event()  # ends a half-sent event first
+                    await send({"type": "http.response.body", "body": body, "more_body": False})
 
     async def _forward_free(
         self,

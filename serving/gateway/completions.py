@@ -9,19 +9,23 @@ One handler reads like the request's life (docs/architecture.md, the request pat
               by the key's caps and the model's context window (400 if it can never fit)
     admit     reserve prompt estimate + max_tokens in every limit, or refuse (429) before
               anything reaches the upstream
+    --------  from here a `HeldRequest` owns the lease, queue turn, meter and outcome, and
+              one `finally` (`_release`) gives them back, whatever raises
     check     what costs the event loop (schemas), only for an admitted request; a 400
               here withdraws the reservation: nothing consumed, requests/min included
-    wait      with fair sharing on (`fair_queue`), for the request's engine slots; a
-              request that never gets them (deadline, client gone) is withdrawn
+    wait      with fair sharing on (`fair_queue`), for one engine slot per sequence vLLM
+              will run (n x prompts; wider than a key's slots: 400); a request that never
+              gets them (deadline, client gone) is withdrawn
     forward   with the admitted max_tokens and, for streams, usage always asked for; the
               response is relayed as it arrives and read for usage on the way
-    settle    exactly once, however it ended (in a `finally`):
+    settle    exactly once, however it ended:
 
+        never handed to the proxy          withdraw: nothing charged
         usage reported                     settle with vLLM's numbers
+        the relay raised (shutdown, bug)   abort, as for a client that went away
         client went away                   abort: prompt estimate + the completion seen so far
-                                           (streams: one token per event, all choices
-                                           together; otherwise unknown, so max_tokens for
-                                           every choice)
+                                           (streams: vLLM's running count, or tokens per
+                                           event; otherwise max_tokens for every choice)
         upstream idle timeout (504) after  abort, as for a client that went away: the engine
         the request was sent               worked until the gateway gave up on it
         upstream error response / failure  fail: no tokens (nothing was produced)
@@ -35,6 +39,9 @@ calls, so a stream longer than the lease TTL keeps its slot.
 
 from __future__ import annotations
 
+import contextlib
+from dataclasses import dataclass, field
+
 from serving.gateway.auth import Caller
 from serving.gateway.catalog import ModelCatalog
 from serving.gateway.errors import (
@@ -42,6 +49,7 @@ from serving.gateway.errors import (
     InvalidRequestError,
     ModelNotFoundError,
     UpstreamTimeoutError,
+    UpstreamUnavailableError,
     refusal_error,
     upstream_error_kind,
 )
@@ -63,13 +71,48 @@ from serving.gateway.types import Receive, Send
 from serving.gateway.usage import ResponseMeter
 
 
-def served_model(caller: Caller, model: str, catalog: ModelCatalog) -> str:
-    """The model a request is served by: the key's default adapter when the request names
-    a base model (one the engines list without a parent), else the model it names."""
+def served_model(caller: Caller, model: str, catalog: ModelCatalog, *, retry_after_s: float) -> str:
+    """The model a request is served by: the model it names, except that a key with a
+    default adapter never reaches a base model. For such a key a name the engines list as
+    an adapter is served as named, a base model (listed without a parent) by the key's
+    adapter, and anything else is refused, since the catalog cannot tell it from a base
+    model: 503 before any engine's list was read or while no engine lists the adapter, 404
+    for a name no engine lists (docs/adapters.md, keys and adapters)."""
     adapter = caller.default_adapter
-    if adapter is not None and model != adapter and catalog.is_base(model):
-        return adapter
-    return model
+    if adapter is None or model == adapter or catalog.base_model(model) is not None:
+        return model
+    if not catalog.known:
+        raise UpstreamUnavailableError(
+            "No model server's model list has been read yet; retry later.",
+            retry_after_s=retry_after_s,
+        )
+    if not catalog.is_base(model):
+        raise ModelNotFoundError(model)
+    if catalog.engines_serving(adapter) is None:
+        raise UpstreamUnavailableError(
+            f"The adapter `{adapter}` that serves this key is not loaded on any model server "
+            "yet; retry later.",
+            retry_after_s=retry_after_s,
+        )
+    return adapter
+
+
+@dataclass(slots=True)
+class HeldRequest:
+    """What one admitted request holds until `Completions._release` gives it back."""
+
+    admission: Admission
+    record: RequestRecord
+    turn: Turn | None = None
+    meter: ResponseMeter | None = None
+    outcome: ProxyOutcome = field(default_factory=ProxyOutcome)
+    forwarded: bool = False
+    """The request was handed to the proxy: the engine may have worked on it."""
+    relayed: bool = False
+    """The proxy returned: `outcome` says how the exchange ended."""
+
+    def __post_init__(self) -> None:
+        self.record.exchange = self.outcome  # the error boundary reads whether it started
 
 
 class Completions:
@@ -104,14 +147,38 @@ class Completions:
         send: Send,
         record: RequestRecord,
     ) -> None:
-        # parse
         parsed = parse_completion_request(kind, request.body, images=self.images)
-        model = served_model(caller, parsed.model, self._catalog)
+        model = served_model(caller, parsed.model, self._catalog, retry_after_s=self._retry_after_s)
         record.model = self._catalog.label(model)
         if not caller.allows_model(model):
             raise ModelNotFoundError(parsed.model)
+        admission = await self._admit(caller, model, parsed, record)
+        # From here the request holds a lease: `held` owns it (and its queue turn, meter and
+        # outcome), and the one `finally` below gives back whatever it holds, however the
+        # request ends, exceptions included.
+        held = HeldRequest(admission, record)
+        self._running.add(admission.lease)
+        try:
+            check_admitted(parsed)  # after admission: a key at its limit costs no schema work
+            if self._queue is not None:
+                held.turn = await self._wait(self._queue, caller, parsed, admission, receive)
+            upstream_request = self._upstream_request(caller, model, parsed, admission, request)
+            held.meter = upstream_request.meter
+            held.forwarded = True
+            await self._proxy.forward(upstream_request, receive, send, held.outcome)
+            held.relayed = True
+        except ClientLeft:
+            return  # left while waiting for a slot: nobody to answer (metrics count a 499)
+        finally:
+            self._running.discard(admission.lease)
+            await self._release(held, parsed)
+        if 200 <= (held.outcome.upstream_status or 0) < 300:
+            self._catalog.learn(model)
 
-        # admit: one reservation for all n choices (or a batch's prompts)
+    async def _admit(
+        self, caller: Caller, model: str, parsed: CompletionRequest, record: RequestRecord
+    ) -> Admission:
+        """One reservation for all n choices (or a batch's prompts), or the refusal raised."""
         try:
             decision = await self._engine.admit(
                 caller,
@@ -127,47 +194,51 @@ class Completions:
         if isinstance(decision, Refusal):
             record.refusal = decision.reason.value
             raise refusal_error(decision)
-        lease = decision.lease
+        return decision
 
-        # check (after admission: a key at its limit never costs a schema compilation)
+    async def _wait(
+        self,
+        queue: FairQueue,
+        caller: Caller,
+        parsed: CompletionRequest,
+        admission: Admission,
+        receive: Receive,
+    ) -> Turn:
+        """The request's engine slots: one per sequence vLLM will run (n x prompts)."""
+        seats = parsed.choices
+        if seats > queue.per_key:
+            raise _too_wide(parsed, queue.per_key)
+        cost = parsed.prompt_estimate + admission.max_tokens * parsed.choices
+        weight = caller.weight
+        turn = queue.try_turn(caller.key_id, cost=cost, seats=seats, weight=weight)
+        if turn is not None:
+            return turn
         try:
-            check_admitted(parsed)
-        except InvalidRequestError:
-            await self._engine.withdraw(lease)
-            raise
+            return await queue.turn(
+                caller.key_id,
+                cost=cost,
+                seats=seats,
+                weight=weight,
+                gone=lambda: _client_gone(receive),
+            )
+        except QueueTimeout:
+            raise EngineBusyError(
+                f"No engine slot came free within {queue.timeout_s:g} s; "
+                "retry later. Nothing was charged.",
+                retry_after_s=self._retry_after_s,
+            ) from None
 
-        # wait (with fair sharing, when the engines' slots are taken): the lease is renewed
-        # meanwhile; a request that never runs is withdrawn, nothing charged
-        self._running.add(lease)
-        turn: Turn | None = None
-        queue = self._queue
-        if queue is not None:
-            cost = parsed.prompt_estimate + decision.max_tokens * parsed.choices
-            seats, weight = parsed.choices, caller.weight
-            turn = queue.try_turn(caller.key_id, cost=cost, seats=seats, weight=weight)
-        if queue is not None and turn is None:
-            try:
-                turn = await queue.turn(
-                    caller.key_id,
-                    cost=cost,
-                    seats=seats,
-                    weight=weight,
-                    gone=lambda: _client_gone(receive),
-                )
-            except BaseException as exc:
-                self._running.discard(lease)
-                await self._engine.withdraw(lease)
-                if isinstance(exc, QueueTimeout):
-                    raise EngineBusyError(
-                        f"No engine slot came free within {queue.timeout_s:g} s; "
-                        "retry later. Nothing was charged.",
-                        retry_after_s=self._retry_after_s,
-                    ) from None
-                if isinstance(exc, ClientLeft):
-                    return  # nobody to answer: metrics count it as 499
-                raise
-
-        # forward (to the engine the router picks: with affinity, by the prompt's prefixes)
+    def _upstream_request(
+        self,
+        caller: Caller,
+        model: str,
+        parsed: CompletionRequest,
+        admission: Admission,
+        request: ProxyRequest,
+    ) -> ProxyRequest:
+        """The request as the engine gets it (the admitted max_tokens, usage asked for in
+        streams), with the meter that reads its response and, with affinity routing, the
+        prompt's prefixes."""
         running = parsed.usage_upstream
         interval = self._stream_interval if running else 1  # chat and completion streams
         meter = ResponseMeter(
@@ -175,40 +246,60 @@ class Completions:
             running=running,
             strip_running=running and not parsed.client_wants_running_usage,
             tokens_per_event=interval,
+            responses=parsed.kind == "responses",
         )
         prefixes: list[int] = []
         if self._proxy.router.wants_prefixes:
             text = prompt_text(parsed.kind, parsed.data)
             prefixes = prefix_hashes(text) if text else []
-        upstream_request = ProxyRequest(
+        return ProxyRequest(
             request.method,
             request.target,
             request.headers,
             render_upstream_body(
                 parsed,
-                max_tokens=decision.max_tokens,
+                max_tokens=admission.max_tokens,
                 model=model,
                 priority=caller.priority if self._engine_priority else 0,
                 stream_interval=interval,
             ),
             request.request_id,
-            response_headers=rate_limit_raw_headers(decision.rate_limit),
+            response_headers=rate_limit_raw_headers(admission.rate_limit),
             meter=meter,
             prefixes=prefixes,
             engines=self._catalog.engines_serving(model),
         )
-        outcome: ProxyOutcome | None = None
+
+    async def _release(self, held: HeldRequest, parsed: CompletionRequest) -> None:
+        """Give back what `held` holds: the lease settled (or withdrawn when the engine never
+        saw the request), the queue turn returned, the outcome recorded; each even when an
+        earlier one raised."""
+        lease = held.admission.lease
         try:
-            outcome = await self._proxy.forward(upstream_request, receive, send)
+            if held.forwarded and held.meter is not None:
+                await self._settle(held, parsed, held.meter)
+            else:
+                await self._engine.withdraw(lease)
+        except BaseException:
+            # Settling raised: the lease ends at its reservation (an upper bound) if the
+            # store still answers; if not, it is no longer renewed and expires at its TTL,
+            # charged the same.
+            with contextlib.suppress(Exception):
+                await self._engine.abort(lease, None, None)
+            raise
         finally:
-            self._running.discard(lease)
-            # settle
-            await self._settle(lease, decision, parsed, meter, outcome)
-            if turn is not None and queue is not None:
-                queue.release(turn, served=lease.charged_tokens)
-            _record_outcome(record, lease, _cut_prompt(parsed, meter), meter, outcome)
-        if outcome is not None and 200 <= (outcome.upstream_status or 0) < 300:
-            self._catalog.learn(model)
+            try:
+                if held.turn is not None and self._queue is not None:
+                    self._queue.release(held.turn, served=lease.charged_tokens)
+                engine = held.outcome.engine
+                if engine is not None:
+                    engine.charged_tokens += lease.charged_tokens or 0
+                    if held.meter is None or held.meter.usage is None:  # charged by a bound
+                        engine.cut_sequences += parsed.choices
+            finally:
+                meter = held.meter or ResponseMeter(strip_usage=False)
+                outcome = held.outcome if held.forwarded else None
+                _record_outcome(held.record, lease, _cut_prompt(parsed, meter), meter, outcome)
 
     def models_listing(self, caller: Caller) -> dict[str, object]:
         """`/v1/models` for `caller`: what the engines serve that the key may use."""
@@ -221,24 +312,19 @@ class Completions:
                 await self._engine.renew(lease)
 
     async def _settle(
-        self,
-        lease: Lease,
-        admission: Admission,
-        parsed: CompletionRequest,
-        meter: ResponseMeter,
-        outcome: ProxyOutcome | None,
+        self, held: HeldRequest, parsed: CompletionRequest, meter: ResponseMeter
     ) -> None:
-        engine = self._engine
+        engine, lease, outcome = self._engine, held.admission.lease, held.outcome
         # An aborted request is charged its prompt and what was generated: in a stream,
         # vLLM's running count as far as it was read (`ResponseMeter.streamed_tokens`);
         # otherwise the prompt estimate and every choice's whole max_tokens, all of which
         # the engine may have produced.
         prompt = _cut_prompt(parsed, meter)
-        seen = admission.max_tokens * parsed.choices
+        seen = held.admission.max_tokens * parsed.choices
         if parsed.stream:
             seen = min(meter.streamed_tokens(parsed.choices), seen)
         usage = meter.usage
-        if outcome is None:  # cancelled (shutdown) or a bug: nothing is known
+        if not held.relayed and usage is None:  # the relay raised (shutdown, a bug)
             await engine.abort(lease, prompt, seen)
         elif usage is not None:
             await engine.settle(lease, usage.prompt_tokens, usage.completion_tokens)
@@ -294,6 +380,17 @@ def _record_outcome(
     elif charged:
         record.prompt_tokens = min(prompt_charged, charged)
     record.completion_tokens = charged - record.prompt_tokens
+
+
+def _too_wide(parsed: CompletionRequest, per_key: int) -> InvalidRequestError:
+    """vLLM runs every sequence of a request (n x prompts) at once: one wider than the slots
+    a key may hold could never start, and the queue must not pretend it takes fewer."""
+    param = "prompt" if parsed.kind == "completion" and parsed.data.get("n") in (None, 1) else "n"
+    return InvalidRequestError(
+        f"This request runs {parsed.choices} sequences (n x prompts); the engines run at most "
+        f"{per_key} of one key at a time.",
+        param=param,
+    )
 
 
 def _beyond_context(parsed: CompletionRequest, exc: BeyondContext) -> InvalidRequestError:

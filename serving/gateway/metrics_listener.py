@@ -1,14 +1,15 @@
-"""`/metrics` on a port of its own (`--metrics-port`), so the API port does not publish it.
+"""Every series of `/metrics` on a port of its own (`--metrics-port`), the API port's having
+the aggregate ones only.
 
     listener = MetricsListener(metrics.render, host="0.0.0.0", port=9100)
     await listener.start()      # at lifespan startup, in the serving event loop
     await listener.stop()       # at shutdown
 
-The gateway's series name every key id with its spend and rejections: fine for Prometheus,
-not for every API client. With a metrics port the API port answers `/metrics` with 404 like
-any unknown path, and a NetworkPolicy can admit only Prometheus to this one (the overlays'
-does). It runs in the serving event loop (aiohttp's server), because the values it renders
-are updated there without locks.
+The per-key series name every key id with its spend, rejections and queue waits: fine for
+Prometheus, not for every API client, so only this port serves them (`serving up` opens it
+by default: `serving.ports.GATEWAY_METRICS_PORT`), and a NetworkPolicy can admit only
+Prometheus to it (the overlays' does). It runs in the serving event loop (aiohttp's server),
+because the values it renders are updated there without locks.
 """
 
 from __future__ import annotations

@@ -54,6 +54,9 @@ MAX_CHOICES = 128
 # No context window comes near it; it keeps every reservation a small integer in every
 # store (Redis's counters are 64-bit, its Lua numbers doubles).
 MAX_TOKENS_LIMIT = 1 << 31
+# Deeper bodies are refused: every encoder on the way (the gateway's re-render, vLLM's own
+# parsing and rendering) recurses per level, and Python's stops near 1,000 levels.
+MAX_JSON_DEPTH = 256
 # The field that holds a route's max_tokens, in the order vLLM prefers them.
 _MAX_TOKENS_FIELDS: dict[Kind, tuple[str, ...]] = {
     "chat": ("max_completion_tokens", "max_tokens"),
@@ -155,10 +158,9 @@ def parse_completion_request(
 
 def check_admitted(request: CompletionRequest) -> None:
     """The checks too costly to run for a key at its limit, run once the request is admitted
-    (InvalidRequestError: the caller withdraws the reservation). Today: a chat request's
+    (InvalidRequestError: the caller withdraws the reservation). Today: the request's
     schemas, which vLLM's grammar would refuse without naming the field."""
-    if request.kind == "chat":
-        check_schemas(request.data)
+    check_schemas(request.data, request.kind)
 
 
 def check_tokenize_body(body: bytes, images: ImagePolicy) -> None:
@@ -209,7 +211,10 @@ def render_upstream_body(
     if force_usage:
         options = data.get("stream_options") or {}
         data["stream_options"] = options | {"include_usage": True, "continuous_usage_stats": True}
-    return json.dumps(data, separators=(",", ":")).encode()
+    try:
+        return json.dumps(data, separators=(",", ":")).encode()
+    except RecursionError:  # json.loads read it, but no encoder (vLLM's included) nests as deep
+        raise InvalidRequestError("The request body is nested too deeply.", param=None) from None
 
 
 # 19 digits in a row may be an integer past 64 bits, which orjson reads as a float where the
@@ -245,7 +250,28 @@ def _json_object(body: bytes) -> dict[str, Any]:
         ) from None
     if not isinstance(data, dict):
         raise InvalidRequestError("The request body must be a JSON object.")
+    # Two C-level counts rule out deep nesting for almost every body before any walk.
+    if body.count(b"[") + body.count(b"{") > MAX_JSON_DEPTH and _deeper_than(data, MAX_JSON_DEPTH):
+        raise InvalidRequestError(
+            f"The request body is nested more than {MAX_JSON_DEPTH} levels deep."
+        )
     return data
+
+
+def _deeper_than(value: object, limit: int) -> bool:
+    """Whether `value` nests objects and arrays more than `limit` levels deep."""
+    stack: list[tuple[object, int]] = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > limit:
+            return True
+        if isinstance(node, dict):
+            stack.extend(
+                (child, depth + 1) for child in node.values() if isinstance(child, (dict, list))
+            )
+        elif isinstance(node, list):
+            stack.extend((child, depth + 1) for child in node if isinstance(child, (dict, list)))
+    return False
 
 
 def _max_tokens(data: dict[str, Any], kind: Kind) -> int | None:

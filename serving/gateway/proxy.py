@@ -111,6 +111,8 @@ class ProxyOutcome:
     first_byte_at: float = 0.0
     upstream_done_at: float = 0.0
     """`time.perf_counter()` readings; 0.0 when it did not happen."""
+    engine: Engine | None = None
+    """The engine the request was last sent to."""
 
 
 class Proxy:
@@ -122,10 +124,19 @@ class Proxy:
         self._tick = 0
         self._ticker: asyncio.TimerHandle | None = None
 
-    async def forward(self, request: ProxyRequest, receive: Receive, send: Send) -> ProxyOutcome:
+    async def forward(
+        self,
+        request: ProxyRequest,
+        receive: Receive,
+        send: Send,
+        outcome: ProxyOutcome | None = None,
+    ) -> ProxyOutcome:
         """Relay `request` to the upstream and its response to `send`; a client that
-        disconnects meanwhile cancels the exchange (which closes the upstream response)."""
-        outcome = ProxyOutcome()
+        disconnects meanwhile cancels the exchange (which closes the upstream response).
+        `outcome` (default: a new one) is filled in as it happens, so a caller that owns it
+        still knows how far the exchange got when this raises."""
+        if outcome is None:
+            outcome = ProxyOutcome()
         task = asyncio.current_task()
         assert task is not None
         watch = _DisconnectWatch(receive, task, outcome, self._tick)
@@ -170,6 +181,7 @@ class Proxy:
         retried = False
         while True:
             attempt = engine  # `engine` moves on to the failover target inside the try
+            outcome.engine = attempt
             attempt.requests += 1
             attempt.in_flight += 1
             try:

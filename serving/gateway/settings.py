@@ -52,7 +52,7 @@ from pydantic_settings import (
 
 from serving import paths
 from serving.errors import ServingError
-from serving.gateway.addresses import check_upstream_url, parse_nameserver
+from serving.gateway.addresses import DNS_PREFIX, check_upstream, parse_nameserver
 from serving.gateway.quota.engine import DEFAULT_LEASE_TTL, DEFAULT_MAX_TOKENS
 from serving.gateway.quota.redis_store import DEFAULT_TIMEOUT_S
 from serving.gateway.usage_ledger.days import DEFAULT_RETENTION_DAYS
@@ -62,8 +62,6 @@ ENV_PREFIX = "SERVING_GATEWAY_"
 API_KEY_ENV = "SERVING_API_KEY"
 ADMIN_KEY_ENV = "SERVING_ADMIN_KEY"
 REDIS_SCHEMES = ("redis", "rediss", "unix")
-# An upstream whose host is a DNS name listing the engines (discovery), not one engine.
-DNS_PREFIX = "dns+"
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +100,12 @@ class GatewaySettings(BaseSettings):
     discovery_interval_s: Seconds = 5.0
     """With a dns+ upstream: the longest time between two lookups of the name (sooner when
     its answer's TTL runs out first; at least one second)."""
+    discovery_max_engines: int = Field(default=64, ge=1)
+    """With a dns+ upstream: the most engines taken from one answer (the lowest addresses;
+    the other records are dropped with a warning)."""
+    discovery_allow_local: bool = False
+    """With a dns+ upstream: keep loopback, link-local, unspecified and the gateway's own
+    addresses (engines on this machine, as in tests); off, they are dropped with a warning."""
     api_key_digests: CliSuppress[tuple[Sha256Hex, ...]] = Field(default=(), repr=False)
     """`hash_secret` digests of the development keys (no limits, public id `dev`); set them
     with --api-key or SERVING_API_KEY, never as digests."""
@@ -121,8 +125,8 @@ class GatewaySettings(BaseSettings):
     port: int = Field(default=GATEWAY_PORT, ge=0, le=65535)
     """Port to listen on."""
     metrics_port: int | None = Field(default=None, ge=1, le=65535)
-    """Serve /metrics on this port (same host) and not on the API port: its series name
-    every key with its spend. Unset: /metrics on the API port (loopback by default)."""
+    """Every series of /metrics on this port (same host), the per-key ones (spend, quota
+    rejections, queue waits) here alone: the API port's has the aggregate ones only."""
     max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1)
     """Largest request body accepted; larger ones get 413 before anything is forwarded.
     32 MiB holds a realistic set of base64 images (base64 is 4/3 of the file: four 6 MB
@@ -247,12 +251,7 @@ class GatewaySettings(BaseSettings):
     @field_validator("upstream")
     @classmethod
     def _check_upstream(cls, value: str) -> str:
-        if value.strip().startswith(DNS_PREFIX):
-            return DNS_PREFIX + check_upstream_url(value.strip()[len(DNS_PREFIX) :])
-        urls = [check_upstream_url(url.strip()) for url in value.split(",")]
-        if len(set(urls)) != len(urls):
-            raise ValueError("lists an engine twice")
-        return ",".join(urls)
+        return check_upstream(value)
 
     @field_validator("dns_nameserver")
     @classmethod
@@ -273,7 +272,8 @@ class GatewaySettings(BaseSettings):
 
     @property
     def queue_slots(self) -> int | None:
-        """Requests the fair queue lets run at once; None without one."""
+        """Sequences the fair queue lets run with every listed engine in the rotation (it
+        follows the engines that are: `Fleet.size_queue`); None without a queue."""
         if self.engine_slots is None or self.scheduling != "fair":
             return None
         return self.engine_slots * len(self.upstream_urls)

@@ -1,4 +1,5 @@
-"""The JSON schemas of a chat request (tool parameters, `response_format`), checked once the
+"""The JSON schemas of a metered request (tool parameters, `response_format`,
+`structured_outputs.json`, a Responses `text.format`), checked once the
 request is admitted (`openai_request.check_admitted`: compiling a schema is the costliest
 check, so a key at its limit gets its 429 without one; a 400 here withdraws the reservation).
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from typing import Any
 
 from jsonschema.exceptions import SchemaError  # type: ignore[import-untyped]
@@ -27,26 +29,48 @@ from jsonschema.validators import Draft202012Validator, validator_for  # type: i
 from serving.gateway.errors import InvalidRequestError
 
 
-def check_schemas(data: dict[str, Any]) -> None:
-    """Raise InvalidRequestError naming the first tool or response schema that is not a JSON
-    Schema; schemas in a shape vLLM refuses anyway are not looked at."""
+def check_schemas(data: dict[str, Any], kind: str = "chat") -> None:
+    """Raise InvalidRequestError naming the first tool, response or structured-output schema
+    of a `kind` request ("chat", "completion", "responses") that is not a JSON Schema;
+    schemas in a shape vLLM refuses anyway are not looked at."""
     tools = data.get("tools")
-    if isinstance(tools, list):
+    if isinstance(tools, list) and kind != "completion":
         for index, tool in enumerate(tools):
-            function = tool.get("function") if isinstance(tool, dict) else None
-            if isinstance(function, dict):
+            if not isinstance(tool, dict):
+                continue
+            if kind == "responses":  # its function tools carry their parameters themselves
+                _check(tool.get("parameters"), f"tools[{index}].parameters")
+            elif isinstance(function := tool.get("function"), dict):
                 _check(function.get("parameters"), f"tools[{index}].function.parameters")
+    if kind == "responses":
+        text = data.get("text")
+        formats = text.get("format") if isinstance(text, dict) else None
+        if isinstance(formats, dict) and formats.get("type") == "json_schema":
+            _check(formats.get("schema"), "text.format.schema")
+        return
     response_format = data.get("response_format")
     if isinstance(response_format, dict) and response_format.get("type") == "json_schema":
         spec = response_format.get("json_schema")
         if isinstance(spec, dict):
             _check(spec.get("schema"), "response_format.json_schema.schema")
+    structured = data.get("structured_outputs")
+    if isinstance(structured, dict) and (schema := structured.get("json")) is not None:
+        if isinstance(schema, str):  # vLLM takes the schema as JSON text too
+            try:
+                schema = json.loads(schema)
+            except (ValueError, RecursionError):
+                message = "structured_outputs.json is not JSON text."
+                raise InvalidRequestError(message, param="structured_outputs.json") from None
+        _check(schema, "structured_outputs.json")
 
 
 def _check(schema: object, param: str) -> None:
     if not isinstance(schema, dict):
         return  # absent (a tool without parameters), or vLLM's own 400
-    text = json.dumps(schema, sort_keys=True, ensure_ascii=False)
+    try:
+        text = json.dumps(schema, sort_keys=True, ensure_ascii=False)
+    except RecursionError:
+        raise InvalidRequestError(f"{param} is nested too deeply.", param=param) from None
     # Cached by their text only up to CACHED_SCHEMA_CHARS: the cache holds at most
     # 512 x 16 Ki characters, whatever bodies arrive.
     problem = schema_problem(text) if len(text) <= CACHED_SCHEMA_CHARS else _problem(schema)
@@ -75,6 +99,8 @@ def _problem(schema: dict[str, Any]) -> str | None:
         return f"{exc.message}" + (f" (at {where})" if where else "")
     except RecursionError:
         return "it is nested too deeply"
+    except (OverflowError, ValueError, re.error) as exc:  # e.g. a pattern `a{4294967296}`
+        return f"it cannot be compiled ({exc})"
     return _ref_problem(schema)
 
 

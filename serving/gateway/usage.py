@@ -1,29 +1,29 @@
-"""Reading vLLM's reported usage from a response as it is relayed, at minimal per-chunk cost.
+"""Reading vLLM's reported usage from a response as it is relayed.
 
-    meter = ResponseMeter(strip_usage=True)
+    meter = ResponseMeter(strip_usage=True)          # chat / completions
+    meter = ResponseMeter(strip_usage=False, responses=True)   # the Responses API
     meter.read_json(body)                  # a whole JSON body
     out = meter.feed(chunk) ... meter.end()  # an SSE stream: returns the bytes to relay
 
+Usage is read structurally: the final usage is taken from the parsed JSON of the one place
+its protocol puts it (a whole body's top-level `usage`; a chat or completion stream's usage
+chunk, the one whose `choices` is empty; a Responses stream's `response.completed`,
+`response.incomplete` or `response.failed` event, at `response.usage`). vLLM's Responses
+events echo the request's `tools`, `text`, `metadata` and `instructions`, so a text search
+there would find whatever usage-shaped object a client wrote into them.
+
 In chat and completion streams the gateway asks vLLM for usage in every chunk too
 (`continuous_usage_stats`): `running_usage` is the last such count (what a stream cut short
-is charged), and unless the client asked for them the per-chunk objects are cut out again
-(a few C-level scans per event).
-
-The Responses API reports its usage as `input_tokens` / `output_tokens`, in the body or, when
-streamed, in the final `response.completed` (or `response.incomplete`) event; it is never
-stripped there.
+is charged), and unless the client asked for them the per-chunk objects are cut out again.
+They are found where vLLM's compact JSON puts them, right after the `choices` array closes
+(`}],"usage":{`); those bytes cannot occur inside a JSON string (quotes are escaped there),
+and these chunks carry no text of the request. Only the last one found is parsed.
 
 For SSE the per-chunk work is a few C-level byte scans: where the last complete event ends,
-how many `data:` fields and events went by (the tokens relayed so far, for a stream cut
-short; an event without data is not vLLM's SSE) and whether `"usage"` or `"error"` occurs.
-Only events holding one of those are looked at closer: vLLM's usage chunk (`"choices":[]`
-plus `"usage"`, right before `[DONE]`), read with a few regular expressions (no JSON objects
-are built) and dropped when the client did not ask for usage, and an in-band error event.
-A partial event is held back until its end arrives, so a dropped event never leaves half an
-event behind.
-
-JSON escapes every quote inside a string, so `"usage"` and `"error"` with their quotes can
-only be keys or whole string values, never a piece of generated text.
+how many `data:` fields and events went by, and whether `"usage"` or `"error"` occurs. Only
+events holding one of those are parsed (a stream's final usage event, its in-band error, and
+in a Responses stream its three lifecycle events, which echo the request). A partial event
+is held back until its end arrives, so a dropped event never leaves half an event behind.
 
 Problems are recorded, never raised: `problem` names the first (`bad_json`, `bad_sse`) and
 `inband_error` says the upstream sent `data: {"error": ...}` after its 200.
@@ -31,27 +31,38 @@ Problems are recorded, never raised: `problem` names the first (`bad_json`, `bad
 
 from __future__ import annotations
 
-import json
 import re
-from typing import NamedTuple
+from typing import Any, NamedTuple
+
+import orjson
 
 # A partial event larger than this is not SSE as vLLM writes it: relay it raw.
 MAX_PENDING = 256 * 1024
-# Non-SSE streamed bodies keep this much of their end, where usage sits.
-TAIL_BYTES = 8 * 1024
+# A streamed body that is not SSE is kept up to this size to be parsed whole at its end;
+# past it the usage is unknown (the request is charged its reservation).
+MAX_OTHER_BODY = 16 * 1024 * 1024
 _SEPARATOR = re.compile(rb"\r?\n\r?\n")
 _FIELDS = (b"data:", b":", b"event:", b"id:", b"retry:")
-# `"usage": {...}` with at most one level of nested objects (prompt_tokens_details). Usage is
-# read with these instead of parsing JSON: a few regex steps per response, no objects built.
-_USAGE = re.compile(rb'"usage"\s*:\s*(\{[^{}]*(?:\{[^{}]*\}[^{}]*)*\})')
-_NO_USAGE = re.compile(rb'"usage"\s*:\s*null')
-# Chat and completions say prompt/completion tokens; the Responses API input/output tokens.
-_PROMPT_TOKENS = re.compile(rb'"(?:prompt|input)_tokens"\s*:\s*(\d+)')
-_COMPLETION_TOKENS = re.compile(rb'"(?:completion|output)_tokens"\s*:\s*(\d+)')
-_NO_CHOICES = re.compile(rb'"choices"\s*:\s*\[\s*\]')
 # vLLM's per-chunk usage right after a non-empty choices array (the final usage chunk's
-# choices are empty): `}],"usage":{...}` as its compact JSON writes it.
+# choices are empty): `}],"usage":{` as its compact JSON writes it.
 _RUNNING_AT = b'}],"usage":{'
+# A chat or completion stream's final usage chunk has `"choices":[]`: only such events are
+# parsed while every chunk carries running usage (the parse then decides).
+_NO_CHOICES = re.compile(rb'"choices"\s*:\s*\[\s*\]')
+# The Responses events that carry the response's final usage.
+_FINAL_RESPONSE_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed"})
+_CHAT_FIELDS = ("prompt_tokens", "completion_tokens")
+# What the accounting oracle allows each sequence of a request charged by a bound (no final
+# usage): tokens vLLM may generate between the gateway's last read and the abort its closing
+# causes. Measured on cpu-tiny with a slow reader (tests/integration/test_cut_streams.py):
+# 7 short for a chat stream, 40 for n = 3 (13 a sequence); the rest is margin for a busy
+# machine. The service tier's oracle and the ChargesBelowEngineCount alert both use it.
+CUT_SLACK_TOKENS = 64
+# Generated tokens a Responses stream may hold that no delta shows (reasoning markers, EOS).
+TEXTLESS_TOKENS = 4
+# The `type` of every Responses event that carries generated text ends so.
+_DELTA_TYPE_END = b'.delta"'
+_RESPONSES_FIELDS = ("input_tokens", "output_tokens")
 
 
 class Usage(NamedTuple):
@@ -59,22 +70,36 @@ class Usage(NamedTuple):
     completion_tokens: int
 
 
-def usage_in(text: bytes) -> Usage | None:
-    """The counts of a JSON usage object's text, e.g. `{"prompt_tokens":9,...}`."""
-    prompt, completion = _PROMPT_TOKENS.search(text), _COMPLETION_TOKENS.search(text)
-    if prompt is None or completion is None:
+def usage_of(value: object, *, responses: bool = False) -> Usage | None:
+    """The counts of a parsed usage object (None: not one, or counts that are not counts)."""
+    if not isinstance(value, dict):
         return None
-    return Usage(int(prompt.group(1)), int(completion.group(1)))
+    prompt_name, completion_name = _RESPONSES_FIELDS if responses else _CHAT_FIELDS
+    prompt, completion = value.get(prompt_name), value.get(completion_name)
+    if type(prompt) is not int or type(completion) is not int or prompt < 0 or completion < 0:
+        return None
+    return Usage(prompt, completion)
+
+
+def _loads(payload: bytes) -> Any:
+    """The JSON value of `payload`, or None when it is not JSON."""
+    try:
+        return orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        return None
 
 
 class ResponseMeter:
     __slots__ = (
+        "_other",
+        "_other_size",
         "_pending",
         "_running",
-        "_tail",
+        "delta_bytes",
         "events",
         "inband_error",
         "problem",
+        "responses",
         "running",
         "strip_running",
         "strip_usage",
@@ -89,6 +114,7 @@ class ResponseMeter:
         running: bool = False,
         strip_running: bool = False,
         tokens_per_event: int = 1,
+        responses: bool = False,
     ) -> None:
         self.strip_usage = strip_usage
         """Drop the final usage chunk (the client did not ask for it)."""
@@ -100,26 +126,38 @@ class ResponseMeter:
         self.tokens_per_event = tokens_per_event
         """The most tokens vLLM puts in one event of this stream when its reader keeps up
         (the stream_interval the gateway asked for)."""
+        self.responses = responses
+        """The Responses API: usage as input/output tokens, at `response.usage` in a
+        stream's final event; never stripped."""
         self.usage: Usage | None = None
         """The final usage (chunk), or the usage of a whole body."""
         self.events = 0
+        self.delta_bytes = 0
+        """Responses streams: bytes of the events that carry generated text (`*.delta`)."""
         self.inband_error = False
         self.problem: str | None = None
         self._pending = b""
         self._running = b""
-        self._tail = b""
+        self._other: list[bytes] = []
+        self._other_size = 0
 
     @property
     def running_usage(self) -> Usage | None:
         """vLLM's count at the last chunk that carried one (per choice: with n > 1 each
         chunk counts its own choice's tokens)."""
-        return usage_in(self._running) if self._running else None
+        return usage_of(_loads(self._running)) if self._running else None
 
     def streamed_tokens(self, choices: int) -> int:
         """Completion tokens of a stream cut short, never below what vLLM made of it as far
         as the gateway read: vLLM's running count, or `tokens_per_event` per event without
         one. With n > 1 the count is one choice's, and the others' events for the same step
         may still be on their way: (count + tokens_per_event) per choice."""
+        if self.responses:
+            # No running count, and vLLM merges several tokens into one delta for a reader
+            # that fell behind: bound the tokens by the bytes of the deltas (a byte-level BPE
+            # token is at least one byte of text; the raw JSON is never shorter than its
+            # text), plus one per event and a few for tokens with no text (`<think>`, EOS).
+            return self.delta_bytes + self.events + TEXTLESS_TOKENS
         running = self.running_usage
         per_event = self.tokens_per_event
         if running is None:
@@ -131,28 +169,41 @@ class ResponseMeter:
     # -- whole bodies ----------------------------------------------------------------------
 
     def read_json(self, body: bytes) -> None:
-        """Usage from a whole JSON body: only its `"usage"` object is parsed (vLLM writes it
-        after the choices), not the whole body."""
-        at = body.rfind(b'"usage"')
-        match = _USAGE.match(body, at) if at >= 0 else None
-        if match is None:
-            if not body.lstrip().startswith(b"{"):
-                self._problem("bad_json")
+        """Usage from a whole JSON body: its top-level `usage` (orjson parses a 2 KiB answer
+        in about 2 µs)."""
+        data = _loads(body)
+        if not isinstance(data, dict):
+            self._problem("bad_json")
             return
-        self.usage = usage_in(match.group(1))
+        usage = data.get("usage")
+        if usage is not None:
+            self.usage = usage_of(usage, responses=self.responses)
+            if self.usage is None:
+                self._problem("bad_json")
 
-    # -- streamed bodies that are not SSE: only their end is kept ------------------------
+    # -- streamed bodies that are not SSE: kept whole (up to a limit), parsed at the end ---
 
     def feed_other(self, chunk: bytes) -> None:
-        self._tail = (self._tail + chunk)[-TAIL_BYTES:]
+        if self._other_size <= MAX_OTHER_BODY:
+            self._other.append(chunk)
+            self._other_size += len(chunk)
 
     def end_other(self) -> None:
-        self.read_json(self._tail)
+        if self._other_size > MAX_OTHER_BODY:
+            self._problem("bad_json")
+        else:
+            self.read_json(b"".join(self._other))
+        self._other = []
 
     # -- SSE -------------------------------------------------------------------------------
 
     def feed(self, chunk: bytes) -> bytes:
         """The complete events of what arrived so far, less a stripped usage event."""
+        if self.responses:
+            return self._feed_responses(chunk)
+        return self._feed(chunk)
+
+    def _feed(self, chunk: bytes) -> bytes:
         if not self._pending and chunk.endswith(b"\n\n") and chunk.startswith(b"data:"):
             # The common case, one or more whole events (vLLM writes one per chunk).
             fields = chunk.count(b"data:")
@@ -192,6 +243,16 @@ class ResponseMeter:
             return self._inspect(complete)
         return complete
 
+    def _feed_responses(self, chunk: bytes) -> bytes:
+        """`feed` for a Responses stream (no fast path: its events have an `event:` line
+        each); the bytes of its delta events are counted for a cut stream's bound."""
+        out = self._feed(chunk)
+        if _DELTA_TYPE_END in out:
+            self.delta_bytes += sum(
+                len(event) for event in out.split(b"\n\n") if _DELTA_TYPE_END in event
+            )
+        return out
+
     def end(self) -> bytes:
         """What is still held back when the stream ends (an event without its blank line)."""
         rest, self._pending = self._pending, b""
@@ -210,9 +271,9 @@ class ResponseMeter:
     def _take_running(self, block: bytes) -> bytes:
         """Keep the last per-chunk usage of `block` (if any); cut them all out unless asked for.
 
-        A few C-level scans per event (a usage object nests at most one level, as `_USAGE`
-        reads), no regex: under load the upstream's events arrive several to a read, and a
-        regex with a look-behind over such a block cost a fifth of the gateway's streams."""
+        A few C-level scans per event (a usage object nests at most one level), no regex:
+        under load the upstream's events arrive several to a read, and a regex with a
+        look-behind over such a block cost a fifth of the gateway's streams."""
         pieces: list[bytes] = []
         start = 0
         found = b""
@@ -267,35 +328,40 @@ class ResponseMeter:
             payload = event[5:].strip() if event.startswith(b"data:") else b""
         if not payload or payload == b"[DONE]":
             return False
-        if b'"error"' in payload:
-            self._read_error(payload)
-        if b'"usage"' not in payload:
+        if self.running and b'"error"' not in payload and not _NO_CHOICES.search(payload):
+            return False  # a chunk's running usage (`_take_running` kept it)
+        data = _loads(payload)
+        if not isinstance(data, dict):
+            self._problem("bad_json")
             return False
-        match = _USAGE.search(payload)
-        if match is None:
-            if _NO_USAGE.search(payload) is None:
-                self._problem("bad_json")
+        if "error" in data:
+            self.inband_error = True
+        if self.responses:
+            return self._read_response_event(data)
+        if "usage" not in data or data.get("choices") != []:
+            return False  # a chunk of the answer (its usage, if any, is a running count)
+        if data["usage"] is None:
             return False
-        usage = usage_in(match.group(1))
+        usage = usage_of(data["usage"])
         if usage is None:
             self._problem("bad_json")
             return False
-        final = _NO_CHOICES.search(payload) is not None
-        if self.running and not final:
-            return False  # a chunk's running usage (`_take_running` kept it)
         self.usage = usage
-        return self.strip_usage and final
+        return self.strip_usage
 
-    def _read_error(self, payload: bytes) -> None:
-        """An in-band error is an event whose JSON object has a top-level `error` (rare:
-        parsed in full)."""
-        try:
-            data = json.loads(payload)
-        except (ValueError, RecursionError):
+    def _read_response_event(self, data: dict[str, Any]) -> bool:
+        """A Responses event: its final one carries the usage at `response.usage`; every
+        other usage-shaped object in it is the client's own request, echoed."""
+        if data.get("type") not in _FINAL_RESPONSE_EVENTS:
+            return False
+        response = data.get("response")
+        usage = response.get("usage") if isinstance(response, dict) else None
+        if usage is None:
+            return False
+        self.usage = usage_of(usage, responses=True)
+        if self.usage is None:
             self._problem("bad_json")
-            return
-        if isinstance(data, dict) and "error" in data:
-            self.inband_error = True
+        return False
 
     def _problem(self, kind: str) -> None:
         if self.problem is None:

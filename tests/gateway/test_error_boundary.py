@@ -3,14 +3,17 @@ metrics record the status the client got."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
 
+from serving.gateway.keys import SqliteKeyStore
 from serving.gateway.metrics import NONE
-from tests.gateway.conftest import GatewayFactory
+from serving.gateway.quota import Limits
+from tests.gateway.conftest import GatewayFactory, eventually
 from tests.gateway.fake_upstream import FakeUpstream
-from tests.gateway.scrape import scrape, value
+from tests.gateway.scrape import idle, scrape, value
 from tests.gateway.servers import TEST_KEY, http_client
 
 MESSAGES = [{"role": "user", "content": "hi"}]
@@ -78,3 +81,28 @@ def test_a_bug_on_the_request_path_is_an_openai_500_counted_as_one(
     assert "x-request-id" in response.headers
     samples = scrape(gateway)
     assert requests_with_status(samples, "500") == 1
+
+
+def test_bodies_that_were_500s_are_400s_and_leave_the_key_its_slots(
+    make_gateway: GatewayFactory, keys: SqliteKeyStore
+) -> None:
+    # Issue 36's probes: each answered 500 and kept the key's concurrency lease (and, for
+    # the deep body, a fair-queue slot) until its TTL or for good.
+    gateway = make_gateway(keys_db=str(keys.path), engine_slots=2, reserved_slots=0)
+    _, secret = keys.create("probe", limits=Limits(max_concurrency=2))
+    pattern = {"type": "string", "pattern": "a{4294967296}"}
+    response_format = {"type": "json_schema", "json_schema": {"name": "x", "schema": pattern}}
+    schema_body = json.dumps({"model": "fake", "messages": MESSAGES, "stream": True,
+                              "response_format": response_format})  # fmt: skip
+    deep = "[" * 977 + "]" * 977
+    deep_body = '{"model":"fake","stream":true,"messages":[{"role":"user","content":"hi"}],'
+    deep_body += f'"metadata":{{"a":{deep}}}}}'
+    headers = {"content-type": "application/json"}
+    with http_client(gateway.url, key=secret) as http:
+        for body in (schema_body, schema_body, deep_body, deep_body):
+            response = http.post("/v1/chat/completions", content=body, headers=headers)
+            assert response.status_code == 400, response.text
+        assert eventually(lambda: idle(gateway))
+        assert value(scrape(gateway), "gateway_queue_running") == 0
+        plain = {"model": "fake", "messages": MESSAGES, "n": 2}  # both of the key's slots
+        assert http.post("/v1/chat/completions", json=plain).status_code == 200

@@ -153,3 +153,39 @@ def test_a_key_weight_divides_what_it_is_counted_as_served(
     queue = gateway.app.queue
     assert queue is not None
     assert gateway.in_loop(lambda: queue.virtual(record.key_id)) == charged / 4
+
+
+def test_a_request_takes_a_slot_per_sequence_and_one_wider_than_a_keys_share_is_a_400(
+    make_gateway: GatewayFactory, keys: SqliteKeyStore, upstream: FakeUpstream, token: str
+) -> None:
+    # vLLM runs n x prompts sequences at once: the queue counts every one of them.
+    gateway = make_gateway(keys_db=str(keys.path), engine_slots=4, reserved_slots=1)
+    _, secret = keys.create("wide", limits=LIMITS)
+    headers = {"Authorization": f"Bearer {secret}"}
+    with httpx.Client(base_url=gateway.url, headers=headers, timeout=30) as client:
+        for path, body, param in (
+            ("/v1/chat/completions", {**GATED, "model": "fake", "n": 4}, "n"),
+            ("/v1/completions", {"model": "fake", "prompt": ["a"] * 4, "max_tokens": 5}, "prompt"),
+            ("/v1/completions", {"model": "fake", "prompt": ["a"] * 2, "n": 2, "max_tokens": 5},
+             "n"),
+        ):  # fmt: skip
+            refused = client.post(path, json=body)
+            assert refused.status_code == 400, refused.text
+            assert refused.json()["error"]["param"] == param
+            assert "at most 3" in refused.json()["error"]["message"]
+    results: list[httpx.Response] = []
+
+    def wide() -> None:
+        body = {**GATED, "n": 3}
+        url = f"{gateway.url}/v1/chat/completions?t={token}"
+        results.append(httpx.post(url, json=body, headers=headers, timeout=30))
+
+    thread = threading.Thread(target=wide, daemon=True)
+    thread.start()
+    assert eventually(lambda: len(upstream.received(token)) == 1, timeout=30)
+    assert value(scrape(gateway), "gateway_queue_running") == 3
+    upstream.release(token)
+    thread.join(10)
+    assert results[0].status_code == 200
+    assert settled(gateway)
+    assert value(scrape(gateway), "gateway_queue_running") == 0

@@ -7,6 +7,10 @@ from collections.abc import Iterator
 
 import pytest
 
+from serving.gateway.auth import Principal
+from serving.gateway.catalog import ModelCatalog, ModelInfo
+from serving.gateway.completions import served_model
+from serving.gateway.errors import GatewayError, ModelNotFoundError, UpstreamUnavailableError
 from serving.gateway.keys import SqliteKeyStore
 from serving.gateway.quota import Limits
 from tests.gateway.conftest import GatewayFactory, eventually
@@ -72,13 +76,84 @@ def test_a_default_adapter_serves_requests_for_the_base_model(
         response = post(keyed, secret, body("fake", max_tokens=2, stream=stream), token)
         assert response.status_code == 200, response.text
     assert [sent["model"] for sent in upstream.received(token)] == ["team-a", "team-a"]
-    # a key with every model and a default adapter: only base-model names are redirected
+    # a key with every model and a default adapter: base-model names are redirected, and a
+    # name no engine lists is refused here (it could be a base model the catalog has not seen)
     _, open_key = keys.create("b", default_adapter="team-a")
     post(keyed, open_key, body("fake", max_tokens=2), token)
     post(keyed, open_key, body("team-a", max_tokens=2), token)
-    post(keyed, open_key, body("made-up", max_tokens=2), token)
+    unknown = post(keyed, open_key, body("made-up", max_tokens=2), token)
+    assert unknown.status_code == 404 and unknown.json()["error"]["param"] == "model"
     sent = [request["model"] for request in upstream.received(token)]
-    assert sent[2:] == ["team-a", "team-a", "made-up"]
+    assert sent[2:] == ["team-a", "team-a"]
+
+
+def test_a_default_adapter_no_engine_lists_yet_is_waited_for_not_replaced_by_the_base(
+    make_gateway: GatewayFactory, keys: SqliteKeyStore, upstream: FakeUpstream, token: str
+) -> None:
+    # the engines list the base model but not the adapter (a runtime adapter not loaded yet,
+    # an engine restarting): the request must neither reach the base nor go anywhere
+    gateway = make_gateway(keys_db=str(keys.path))
+    _, secret = keys.create("a", default_adapter="team-a")  # no --models: every model
+    refused = post(gateway, secret, body("fake", max_tokens=2), token)
+    assert refused.status_code == 503, refused.text
+    assert refused.headers["retry-after"] == "1"
+    error = refused.json()["error"]
+    assert error["code"] == "upstream_unavailable" and "team-a" in error["message"]
+    assert upstream.received(token) == []
+
+
+def _catalog(*lists: dict[str, str | None]) -> ModelCatalog:
+    """A catalog with one engine per list of `name: parent`."""
+    catalog = ModelCatalog()
+    for engine, listed in enumerate(lists):
+        catalog.update(
+            engine,
+            {
+                name: ModelInfo(window=None, parent=p, entry={"id": name})
+                for name, p in listed.items()
+            },
+        )
+    return catalog
+
+
+BASE_ONLY = {"qwen": None}
+WITH_ADAPTERS = {"qwen": None, "team-a": "qwen", "team-b": "qwen"}
+
+
+@pytest.mark.parametrize(
+    ("lists", "named", "served"),
+    [
+        ((WITH_ADAPTERS,), "qwen", "team-a"),  # a base model: the adapter
+        ((BASE_ONLY, WITH_ADAPTERS), "qwen", "team-a"),  # on one engine of two is enough
+        ((WITH_ADAPTERS,), "team-a", "team-a"),
+        ((WITH_ADAPTERS,), "team-b", "team-b"),  # another adapter is not a base model
+        ((), "team-a", "team-a"),  # the adapter itself, even before any list is read
+        ((BASE_ONLY,), "qwen", UpstreamUnavailableError),  # the adapter is on no engine
+        ((), "qwen", UpstreamUnavailableError),  # no list read: qwen may be a base model
+        ((WITH_ADAPTERS,), "made-up", ModelNotFoundError),  # may be an unread engine's base
+    ],
+)
+def test_a_key_with_a_default_adapter_is_never_served_by_a_base_model(
+    lists: tuple[dict[str, str | None], ...], named: str, served: str | type[GatewayError]
+) -> None:
+    caller = Principal(key_id="k", default_adapter="team-a")
+    catalog = _catalog(*lists)
+    if isinstance(served, str):
+        assert served_model(caller, named, catalog, retry_after_s=3) == served
+        return
+    with pytest.raises(served) as refused:
+        served_model(caller, named, catalog, retry_after_s=3)
+    assert refused.value.http_status in (404, 503)
+    if refused.value.http_status == 503:
+        assert refused.value.retry_after_s == 3
+
+
+@pytest.mark.parametrize("lists", [(), (BASE_ONLY,), (WITH_ADAPTERS,)])
+@pytest.mark.parametrize("named", ["qwen", "team-a", "made-up"])
+def test_without_a_default_adapter_the_named_model_serves(
+    lists: tuple[dict[str, str | None], ...], named: str
+) -> None:
+    assert served_model(Principal(key_id="k"), named, _catalog(*lists), retry_after_s=3) == named
 
 
 def test_per_adapter_limits_hold_beside_the_key_limits(

@@ -16,6 +16,7 @@ from serving.gateway.errors import InvalidRequestError
 from serving.gateway.images import IMAGE_PART_TOKENS, ImagePolicy
 from serving.gateway.openai_request import (
     BASE_TOKENS,
+    MAX_JSON_DEPTH,
     MAX_TOKENS_LIMIT,
     PER_MESSAGE_TOKENS,
     TOOLS_TOKENS,
@@ -255,3 +256,15 @@ def test_bytes_that_are_not_json_are_refused_as_the_standard_library_refuses_the
     except ValueError:
         got = ValueError
     assert repr(got) == repr(expected)
+
+
+def test_a_body_nested_past_the_limit_is_a_400_and_one_at_it_passes() -> None:
+    def body(depth: int) -> bytes:  # the body object itself is the first level
+        inner = "[" * (depth - 1) + "]" * (depth - 1)
+        return (
+            b'{"model":"m","messages":[{"role":"user","content":"hi"}],"x":' + inner.encode() + b"}"
+        )
+
+    parse_completion_request("chat", body(MAX_JSON_DEPTH))
+    with pytest.raises(InvalidRequestError, match="nested more than"):
+        parse_completion_request("chat", body(MAX_JSON_DEPTH + 1))

@@ -77,20 +77,52 @@ def test_the_draft_a_schema_names_is_the_one_checked() -> None:
     assert schema_problem(json.dumps({"maximum": 5, "exclusiveMaximum": True})) is not None
 
 
-def test_schemas_are_checked_after_admission_for_chat_only() -> None:
+BAD = {"type": 1}
+PROMPTS: dict[str, dict[str, Any]] = {
+    "chat": {"messages": [{"role": "user", "content": "hi"}]},
+    "completion": {"prompt": "hi"},
+    "responses": {"input": "hi"},
+}
+PATTERN_TOO_LARGE = {"type": "string", "pattern": "a{4294967296}"}  # once a 500
+
+
+@pytest.mark.parametrize(
+    ("kind", "fields", "param"),
+    [
+        ("chat", {"tools": [tool(BAD)]}, "tools[0].function.parameters"),
+        ("chat", {"response_format": response_format(PATTERN_TOO_LARGE)},
+         "response_format.json_schema.schema"),
+        ("chat", {"structured_outputs": {"json": BAD}}, "structured_outputs.json"),
+        ("chat", {"structured_outputs": {"json": json.dumps(BAD)}}, "structured_outputs.json"),
+        ("chat", {"structured_outputs": {"json": "{"}}, "structured_outputs.json"),
+        ("completion", {"response_format": response_format(BAD)},
+         "response_format.json_schema.schema"),
+        ("completion", {"structured_outputs": {"json": BAD}}, "structured_outputs.json"),
+        ("responses", {"tools": [{"type": "function", "name": "f", "parameters": BAD}]},
+         "tools[0].parameters"),
+        ("responses", {"text": {"format": {"type": "json_schema", "name": "x", "schema": BAD}}},
+         "text.format.schema"),
+    ],
+)  # fmt: skip
+def test_schemas_are_checked_after_admission_on_every_route(
+    kind: str, fields: dict[str, Any], param: str
+) -> None:
     """Parsing (before the reservation) leaves schemas alone; `check_admitted` (after it)
-    refuses a chat body's bad one and leaves the other routes' bodies to vLLM."""
-    bad = {
-        "model": "m",
-        "messages": [{"role": "user", "content": "hi"}],
-        "tools": [tool({"type": 1})],
-    }
-    parsed = parse_completion_request("chat", json.dumps(bad).encode())
+    refuses a bad one on whichever route sends it."""
+    body = json.dumps({"model": "m", **PROMPTS[kind], **fields}).encode()
+    parsed = parse_completion_request(kind, body)  # type: ignore[arg-type]
     with pytest.raises(InvalidRequestError) as caught:
         check_admitted(parsed)
-    assert caught.value.param == "tools[0].function.parameters"
-    completion = {"model": "m", "prompt": "hi", "tools": [tool({"type": 1})]}
-    check_admitted(parse_completion_request("completion", json.dumps(completion).encode()))
+    assert caught.value.param == param
+
+
+def test_a_schema_nested_past_any_encoder_is_a_400() -> None:
+    deep: object = {"type": "string"}
+    for _ in range(2000):
+        deep = {"items": deep}
+    with pytest.raises(InvalidRequestError) as caught:
+        check_schemas({"response_format": response_format(deep)})
+    assert caught.value.param == "response_format.json_schema.schema"
 
 
 # --- the prompt estimate with tools, against the real template -----------------------------

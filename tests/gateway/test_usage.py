@@ -8,7 +8,7 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from serving.gateway.usage import MAX_PENDING, ResponseMeter, Usage, usage_in
+from serving.gateway.usage import MAX_OTHER_BODY, MAX_PENDING, ResponseMeter, Usage, usage_of
 from tests.gateway.fake_bodies import chat_chunk, sse, usage_chunk
 
 TOKENS = [sse(chat_chunk(index, word)) for index, word in enumerate(["a", " b", " c"])]
@@ -115,12 +115,22 @@ def test_streamed_non_sse_bodies_read_usage_from_their_end() -> None:
     assert meter.usage == Usage(5, 7)
 
 
-def test_usage_in_reads_counts_and_rejects_nonsense() -> None:
-    details = b'{"prompt_tokens": 9, "prompt_tokens_details": {"cached_tokens": 4},'
-    assert usage_in(details + b' "completion_tokens":2}') == Usage(9, 2)
-    for text in (b"{}", b'{"prompt_tokens": 1}', b'{"prompt_tokens": -1, "completion_tokens": 0}',
-                 b'{"prompt_tokens": true, "completion_tokens": 1}'):  # fmt: skip
-        assert usage_in(text) is None
+def test_usage_of_reads_counts_and_rejects_nonsense() -> None:
+    details = {"prompt_tokens": 9, "prompt_tokens_details": {"cached_tokens": 4}}
+    assert usage_of({**details, "completion_tokens": 2}) == Usage(9, 2)
+    assert usage_of({"input_tokens": 9, "output_tokens": 2}, responses=True) == Usage(9, 2)
+    for value in ({}, {"prompt_tokens": 1}, {"prompt_tokens": -1, "completion_tokens": 0},
+                  {"prompt_tokens": True, "completion_tokens": 1}, [1, 2], "usage",
+                  {"prompt_tokens": 1.0, "completion_tokens": 1}):  # fmt: skip
+        assert usage_of(value) is None
+    assert usage_of({"prompt_tokens": 9, "completion_tokens": 2}, responses=True) is None
+
+
+def test_a_non_sse_stream_is_parsed_whole_up_to_its_limit() -> None:
+    meter = ResponseMeter(strip_usage=False)
+    meter.feed_other(b"x" * (MAX_OTHER_BODY + 1))
+    meter.end_other()
+    assert meter.usage is None and meter.problem == "bad_json"
 
 
 def test_usage_of_null_is_not_a_problem() -> None:
@@ -210,12 +220,94 @@ def test_running_usage_survives_any_chunking(cuts: list[int]) -> None:
     assert meter.running_usage == Usage(14, 5)
 
 
-def test_without_running_usage_every_usage_event_counts_as_before() -> None:
-    # The Responses API's final event has usage and no choices field at all.
-    completed = (
-        b'data: {"type":"response.completed","response":{"output":[{"type":"message"}],'
-        b'"usage":{"input_tokens":9,"output_tokens":4,"total_tokens":13}}}\n\n'
+def test_a_responses_stream_reads_the_usage_of_its_final_event() -> None:
+    completed = responses_event(
+        "response.completed", usage={"input_tokens": 9, "output_tokens": 4, "total_tokens": 13}
     )
-    meter = ResponseMeter(strip_usage=False)
+    meter = ResponseMeter(strip_usage=False, responses=True)
     assert relay(meter, [completed]) == completed
     assert meter.usage == Usage(9, 4) and meter.running_usage is None
+
+
+# -- what the client wrote is echoed in vLLM's Responses events and bodies -----------------
+
+FORGED = {"usage": {"input_tokens": 0, "output_tokens": 0, "prompt_tokens": 0,
+                    "completion_tokens": 0}}  # fmt: skip
+ECHOED = {
+    "instructions": json.dumps(FORGED),
+    "metadata": {"usage": json.dumps(FORGED)},
+    "tools": [{"type": "function", "name": "f", "parameters": {"type": "object", **FORGED}}],
+    "text": {"format": {"type": "json_schema", "name": "x", "schema": FORGED}},
+    "reasoning": FORGED,
+}
+
+
+def responses_event(kind: str, usage: object = None, **echoed: object) -> bytes:
+    """An event as vLLM's Responses stream writes it: the whole response object (fields in
+    vLLM's order: the request's tools, text and reasoning before the usage)."""
+    response = {"id": "resp_1", "object": "response", "output": [], **echoed, "usage": usage}
+    payload = json.dumps({"type": kind, "sequence_number": 0, "response": response})
+    return f"event: {kind}\ndata: {payload}\n\n".encode()
+
+
+def test_usage_shaped_fields_the_request_echoes_are_never_its_usage() -> None:
+    real = {"input_tokens": 40, "output_tokens": 7, "total_tokens": 47}
+    stream = [
+        responses_event("response.created", **ECHOED),
+        responses_event("response.in_progress", **ECHOED),
+        b'event: response.output_text.delta\ndata: {"type":"response.output_text.delta",'
+        b'"delta":"\\"usage\\": {\\"input_tokens\\": 0}"}\n\n',
+        responses_event("response.completed", usage=real, **ECHOED),
+    ]
+    meter = ResponseMeter(strip_usage=False, responses=True)
+    assert relay(meter, stream) == b"".join(stream)
+    assert meter.usage == Usage(40, 7)
+    assert (meter.problem, meter.inband_error) == (None, False)
+    cut = ResponseMeter(strip_usage=False, responses=True)
+    relay(cut, stream[:3])  # no final event: no usage, whatever the echoes say
+    assert cut.usage is None
+
+
+def test_a_whole_responses_body_reads_its_top_level_usage() -> None:
+    body = {"id": "resp_1", "object": "response", **ECHOED, "usage": {"input_tokens": 40,
+            "output_tokens": 7}, "user": json.dumps(FORGED)}  # fmt: skip
+    meter = ResponseMeter(strip_usage=False, responses=True)
+    meter.read_json(json.dumps(body).encode())
+    assert meter.usage == Usage(40, 7)
+    chat = ResponseMeter(strip_usage=False)
+    chat.read_json(json.dumps({"choices": [], **FORGED, "x": FORGED}).encode())
+    assert chat.usage == Usage(0, 0)  # the top-level usage is vLLM's: read it
+
+
+@given(st.sampled_from(sorted(ECHOED)), st.integers(min_value=0, max_value=3))
+def test_an_echo_in_any_event_never_sets_the_usage(field: str, where: int) -> None:
+    echoed = {field: ECHOED[field]}
+    kinds = ["response.created", "response.in_progress", "response.output_item.added"]
+    stream = [responses_event(kind, **echoed) for kind in kinds]
+    stream.insert(where, responses_event("response.completed", usage={"input_tokens": 5,
+                  "output_tokens": 6}, **echoed))  # fmt: skip
+    meter = ResponseMeter(strip_usage=False, responses=True)
+    relay(meter, stream)
+    assert meter.usage == Usage(5, 6)
+
+
+def delta_event(text: str) -> bytes:
+    payload = json.dumps({"type": "response.output_text.delta", "item_id": "msg_1",
+                          "output_index": 0, "content_index": 0, "delta": text,
+                          "sequence_number": 4})  # fmt: skip
+    return f"event: response.output_text.delta\ndata: {payload}\n\n".encode()
+
+
+def test_a_cut_responses_stream_is_bounded_by_its_deltas_bytes_not_its_events() -> None:
+    # vLLM merged six tokens into one delta for a reader that fell behind; the lifecycle
+    # events before it (the request echoed in full) generated nothing.
+    big = {"tools": [{"type": "function", "name": "f", "description": "x" * 5000}]}
+    stream = [responses_event("response.created", **big),
+              responses_event("response.in_progress", **big), delta_event("a"),
+              delta_event(" merged six tokens here")]  # fmt: skip
+    meter = ResponseMeter(strip_usage=False, responses=True)
+    relay(meter, stream)
+    bound = meter.streamed_tokens(1)
+    assert bound >= 1 + 6  # covers the tokens
+    assert bound < 2 * (len(stream[2]) + len(stream[3]))  # the echoes count for nothing
+    assert meter.delta_bytes == len(stream[2]) + len(stream[3]) - 4  # less their blank lines

@@ -51,6 +51,9 @@ class Stack:
     """The key store the stack's gateway reads (`serving keys create --store` it)."""
     launcher_url: str
     """The launcher's own metrics (model load time, peak load memory, restarts)."""
+    gateway_metrics_url: str
+    """The gateway's metrics port: every series, per key too (its API port's /metrics has
+    the aggregate ones only)."""
 
     def client(self, **kwargs: object) -> OpenAI:
         return OpenAI(base_url=f"{self.gateway_url}/v1", api_key=self.api_key, **kwargs)  # type: ignore[arg-type]
@@ -165,18 +168,20 @@ def serving_up(
     gateway settings) as a user starts it; SIGINT at the end, which also checks that no
     process of the stack outlives it."""
     port, engine_port, launcher_port = free_port(), free_port(), free_port()
+    metrics_port = free_port()
     output, keys_db = workdir / "serving-up.out", workdir / "keys.db"
     chosen = [] if profile is None else ["--profile", profile]
     with output.open("w") as sink:
         process = subprocess.Popen(
             [sys.executable, "-m", "serving.cli", "up", *chosen, "--port", str(port),
              "--engine-port", str(engine_port), "--metrics-port", str(launcher_port),
-             "--keys-db", str(keys_db)],
+             "--gateway-metrics-port", str(metrics_port), "--keys-db", str(keys_db)],
             env=serving_env(SERVING_API_KEY=TEST_KEY, **(env or {})),
             stdout=sink, stderr=subprocess.STDOUT, text=True, cwd=REPO,
         )  # fmt: skip
     stack = Stack(f"http://127.0.0.1:{port}", f"http://127.0.0.1:{engine_port}", TEST_KEY,
-                  process, output, keys_db, f"http://127.0.0.1:{launcher_port}")  # fmt: skip
+                  process, output, keys_db, f"http://127.0.0.1:{launcher_port}",
+                  f"http://127.0.0.1:{metrics_port}")  # fmt: skip
     try:
         wait_for(f"{stack.gateway_url}/healthz", process, output, timeout=timeout)
         wait_for(f"{stack.engine_url}/health", process, output, timeout=60)
@@ -197,3 +202,24 @@ def serving_up(
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     with serving_up(tmp_path_factory.mktemp("stack")) as running:
         yield running
+
+
+@pytest.fixture(autouse=True)
+def accounting_oracle(request: pytest.FixtureRequest) -> Iterator[None]:
+    """vLLM's own counters check the accounting of every test on the session's stack: the
+    tokens the gateway charged meanwhile cover what the engine counted (`oracle`). A test that
+    sends requests straight to the engine, uncharged on purpose, is marked `engine_direct`."""
+    if "stack" not in request.fixturenames or request.node.get_closest_marker("engine_direct"):
+        yield
+        return
+    from tests.integration.oracle import read_ledger  # it reads this module's `scrape`
+
+    stack: Stack = request.getfixturevalue("stack")
+    before = read_ledger(stack.gateway_url, stack.engine_url, steady=False)
+    yield
+    after = read_ledger(stack.gateway_url, stack.engine_url)
+    shortfall = after.shortfall(before)
+    assert shortfall <= 0, (
+        f"the engine counted {shortfall:g} tokens more than the gateway charged "
+        f"(slack for cut requests included): before {before}, after {after}"
+    )

@@ -130,12 +130,14 @@ class Gateway:
     log: Path
     engine_urls: list[str]
     """--upstream's engines, in order: engine i's metric label is its host:port."""
+    metrics_url: str
+    """Its metrics port (--metrics-port), where the per-key series are."""
 
     def engine(self, index: int) -> str:
         return urlsplit(self.engine_urls[index]).netloc
 
     def metrics(self) -> Samples:
-        return scrape(self.url)
+        return scrape(self.metrics_url)
 
     def value(self, name: str, **labels: str) -> float:
         """The series of `name` with exactly these labels (0 when absent)."""
@@ -212,16 +214,19 @@ class Gateway:
 
 
 def start_gateway(name: str, engines: list[str], directory: Path, *flags: str) -> Gateway:
-    """`serving gateway` over `engines` on a free port (returns at once: see `wait_up`)."""
-    port = free_port()
+    """`serving gateway` over `engines` on a free port, its metrics on another (returns at
+    once: see `wait_up`)."""
+    port, metrics_port = free_port(), free_port()
     log = directory / f"gateway-{name}.log"
     argv = [sys.executable, "-m", "serving.cli", "gateway", "--upstream", ",".join(engines)]
-    argv += ["--host", "127.0.0.1", "--port", str(port), *flags]
+    argv += ["--host", "127.0.0.1", "--port", str(port), "--metrics-port", str(metrics_port)]
+    argv += flags
     with log.open("wb") as sink:
         process = subprocess.Popen(
             argv, env=serving_env(), cwd=REPO, stdout=sink, stderr=subprocess.STDOUT
         )
-    return Gateway(name, f"http://127.0.0.1:{port}", process, log, engines)
+    metrics_url = f"http://127.0.0.1:{metrics_port}"
+    return Gateway(name, f"http://127.0.0.1:{port}", process, log, engines, metrics_url)
 
 
 def wait_up(gateway: Gateway, timeout: float = GATEWAY_START_S) -> None:

@@ -70,20 +70,21 @@ class ServingUp:
 
         stack = self.stack
         return Gateway(
-            "serving-up", stack.gateway_url, stack.process, stack.output, self.engine_urls
-        )
+            "serving-up", stack.gateway_url, stack.process, stack.output, self.engine_urls,
+            stack.gateway_metrics_url,
+        )  # fmt: skip
 
 
 def start_serving_up(directory: Path, keys_db: Path, *, replicas: int, routing: str) -> ServingUp:
     """`serving up --replicas N --routing R` as a user runs it (returns at once: the engines
     load side by side; see `wait_serving_up`)."""
-    port, engine_port = free_port(), port_block(2 * replicas)
+    port, engine_port, metrics_port = free_port(), port_block(2 * replicas), free_port()
     output = directory / "serving-up.out"
     with output.open("w") as sink:
         process = subprocess.Popen(
             [sys.executable, "-m", "serving.cli", "up", "--replicas", str(replicas),
              "--routing", routing, "--port", str(port), "--engine-port", str(engine_port),
-             "--keys-db", str(keys_db)],
+             "--gateway-metrics-port", str(metrics_port), "--keys-db", str(keys_db)],
             env=serving_env(SERVING_API_KEY=TEST_KEY), cwd=REPO,
             stdout=sink, stderr=subprocess.STDOUT, text=True,
         )  # fmt: skip
@@ -96,6 +97,7 @@ def start_serving_up(directory: Path, keys_db: Path, *, replicas: int, routing: 
         output,
         keys_db,
         f"http://127.0.0.1:{engine_port + 1}",
+        f"http://127.0.0.1:{metrics_port}",
     )
     return ServingUp(stack, engine_ports, tuple(port + 1 for port in engine_ports))
 

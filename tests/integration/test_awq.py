@@ -14,6 +14,7 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
+import pytest
 from openai import OpenAI
 from tokenizers import Tokenizer
 
@@ -74,6 +75,7 @@ def score(
     return chosen, top
 
 
+@pytest.mark.engine_direct  # compares with a request sent to vLLM itself
 def test_awq_engine_stays_close_to_bf16(stack: Stack) -> None:
     tokenizer = Tokenizer.from_file(str(Path(ensure_tiny_model()) / "tokenizer.json"))
     bf16 = stack.direct_client()

@@ -1,8 +1,9 @@
 """Engine discovery as Kubernetes would run it, without a cluster: two real vLLM engines on
 their own loopback addresses (127.0.0.2, 127.0.0.3) and one port, like a headless Service's
 pods; a real DNS server (dnsmasq) answering the Service's name with the engines' addresses;
-a real gateway process given `--upstream dns+http://NAME:PORT`. The name's answer changes
-under load as KEDA adding and removing pods would change it.
+a real gateway process given `--upstream dns+http://NAME:PORT` (and `--discovery-allow-local
+true`: a loopback answer is dropped without it). The name's answer changes under load as KEDA
+adding and removing pods would change it.
 """
 
 from __future__ import annotations
@@ -145,6 +146,7 @@ def topology(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Topology]:
             "discovering", [f"dns+http://{NAME}:{port}"], directory,
             "--api-key", TEST_KEY, "--dns-nameserver", dns.nameserver,
             "--discovery-interval-s", "1", "--health-interval-s", "1",
+            "--discovery-allow-local", "true",  # the engines listen on loopback addresses
         )  # fmt: skip
         stack.callback(gateway.terminate)
         wait_up(gateway)

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import aiohttp
 import httpx
+import pytest
 
 from serving.engine.process import http_ok
 from serving.gateway.settings import GatewaySettings
@@ -105,9 +106,10 @@ def test_a_flood_of_one_key_leaves_another_key_a_slot(stack: Stack) -> None:
     noisy_id, noisy = create_key(stack, "fair-noisy")
     quiet_id, quiet = create_key(stack, "fair-quiet")
     reserved = GatewaySettings.model_fields["reserved_slots"].default
+    metrics = stack.gateway_metrics_url  # the per-key series
     with flood(stack.gateway_url, noisy, FLOOD):
         eventually(
-            lambda: total(scrape(stack.gateway_url), "gateway_queue_waiting", key=noisy_id) > 0,
+            lambda: total(scrape(metrics), "gateway_queue_waiting", key=noisy_id) > 0,
             budget_s=120,
         )
         slots = total(scrape(stack.gateway_url), "gateway_queue_slots")
@@ -122,7 +124,7 @@ def test_a_flood_of_one_key_leaves_another_key_a_slot(stack: Stack) -> None:
             # two requests, or past their queue deadline, at the moment of a scrape
             assert total(engine, "vllm:num_requests_waiting") == 0
             assert total(gateway, "gateway_queue_running") <= slots
-        gateway = scrape(stack.gateway_url)
+        gateway = scrape(metrics)
     # every quiet request found one of the reserved slots free: no wait in the gateway
     assert total(gateway, "gateway_queue_wait_seconds_count", key=quiet_id) == QUIET_REQUESTS
     assert (
@@ -137,16 +139,19 @@ def test_a_flood_of_one_key_leaves_another_key_a_slot(stack: Stack) -> None:
 
 
 @contextmanager
-def one_slot_gateway(stack: Stack, workdir: Path, queue_timeout_s: float) -> Iterator[str]:
-    """A second gateway on the stack's engine and keys, with one slot."""
-    port = free_port()
+def one_slot_gateway(
+    stack: Stack, workdir: Path, queue_timeout_s: float
+) -> Iterator[tuple[str, str]]:
+    """A second gateway on the stack's engine and keys, with one slot: its URL and its
+    metrics port's, where the per-key series are."""
+    port, metrics_port = free_port(), free_port()
     log = workdir / f"gateway-{port}.log"
     with log.open("wb") as sink:
         process = subprocess.Popen(
             [sys.executable, "-m", "serving.cli", "gateway", "--upstream", stack.engine_url,
              "--port", str(port), "--keys-db", str(stack.keys_db), "--engine-slots", "1",
              "--reserved-slots", "0", "--queue-timeout-s", str(queue_timeout_s),
-             "--drain-delay", "0"],
+             "--drain-delay", "0", "--metrics-port", str(metrics_port)],
             env=serving_env(), cwd=REPO, stdout=sink, stderr=subprocess.STDOUT,
         )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
@@ -156,7 +161,7 @@ def one_slot_gateway(stack: Stack, workdir: Path, queue_timeout_s: float) -> Ite
             assert process.poll() is None, log.read_text()
             assert time.monotonic() < deadline, log.read_text()
             time.sleep(0.2)
-        yield url
+        yield url, f"http://127.0.0.1:{metrics_port}"
     finally:
         process.terminate()
         process.wait(30)
@@ -197,11 +202,12 @@ def raw_request(url: str, secret: str, body: dict[str, object], *, rcvbuf: int) 
     return sock
 
 
+@pytest.mark.engine_direct  # a gateway of the test's own charges it
 def test_a_request_waits_no_longer_than_its_deadline(stack: Stack, tmp_path: Path) -> None:
     _, holder = create_key(stack, "fair-holder")
     waiter_id, waiter = create_key(stack, "fair-waiter")
     with (
-        one_slot_gateway(stack, tmp_path, queue_timeout_s=1) as url,
+        one_slot_gateway(stack, tmp_path, queue_timeout_s=1) as (url, metrics),
         slot_held(stack, url, holder) as prompts_before,
     ):
         started = time.monotonic()
@@ -213,25 +219,26 @@ def test_a_request_waits_no_longer_than_its_deadline(stack: Stack, tmp_path: Pat
         assert refused.status_code == 503, refused.text
         assert refused.json()["error"]["code"] == "engine_overloaded"
         assert refused.headers["retry-after"]
-        samples = scrape(url)
+        samples = scrape(metrics)
         assert total(samples, "gateway_queue_timeouts_total", key=waiter_id) == 1
         assert total(samples, "gateway_tokens_total", key=waiter_id) == 0  # nothing charged
         # it never reached vLLM: the only prompt vLLM took since is the holder's
         assert total(scrape(stack.engine_url), "vllm:prompt_tokens_total") == prompts_before
 
 
+@pytest.mark.engine_direct  # a gateway of the test's own charges it
 def test_a_client_that_leaves_while_waiting_leaves_the_queue(stack: Stack, tmp_path: Path) -> None:
     _, holder = create_key(stack, "fair-holder-2")
     leaver_id, leaver = create_key(stack, "fair-leaver")
     with (
-        one_slot_gateway(stack, tmp_path, queue_timeout_s=300) as url,
+        one_slot_gateway(stack, tmp_path, queue_timeout_s=300) as (url, metrics),
         slot_held(stack, url, holder) as prompts_before,
     ):
         leaving = raw_request(url, leaver, chat(8), rcvbuf=65536)
-        eventually(lambda: total(scrape(url), "gateway_queue_waiting", key=leaver_id) == 1)
+        eventually(lambda: total(scrape(metrics), "gateway_queue_waiting", key=leaver_id) == 1)
         leaving.close()
-        eventually(lambda: total(scrape(url), "gateway_queue_waiting", key=leaver_id) == 0)
-        samples = scrape(url)
+        eventually(lambda: total(scrape(metrics), "gateway_queue_waiting", key=leaver_id) == 0)
+        samples = scrape(metrics)
         assert total(samples, "gateway_queue_abandoned_total", key=leaver_id) == 1
         assert total(samples, "gateway_tokens_total", key=leaver_id) == 0
         assert total(scrape(stack.engine_url), "vllm:prompt_tokens_total") == prompts_before

@@ -2,7 +2,7 @@
 reliability cases 4, 5, 14, 15, 17 and 18).
 
 Keys are created the way an operator does, with `serving keys create --store` on the key
-store the stack's gateway reads; charges are read back from the gateway's /metrics
+store the stack's gateway reads; charges are read back from the gateway's metrics port
 (`gateway_tokens_total` is what was charged), the engine's state from vLLM's own /metrics.
 """
 
@@ -61,7 +61,8 @@ def create_key(stack: Stack, name: str, *limits: str) -> tuple[str, str]:
 
 
 def gateway_metrics(stack: Stack) -> Samples:
-    return scrape(stack.gateway_url)
+    """Every series of the stack's gateway, from its metrics port."""
+    return scrape(stack.gateway_metrics_url)
 
 
 def charged(stack: Stack, key_id: str, kind: str) -> float:

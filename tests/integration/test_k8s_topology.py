@@ -176,7 +176,8 @@ def test_the_gateway_pod_as_rendered_serves_with_its_secret_and_drains(
     assert service_port(demo, "gateway") == port_spec["containerPort"]
     port = free_port()
     env.update(SERVING_GATEWAY_HOST="127.0.0.1", SERVING_GATEWAY_PORT=str(port))
-    # /metrics on the port the ServiceMonitor scrapes (a free one here), not the API port.
+    # Every series on the port the ServiceMonitor scrapes (a free one here); the API port's
+    # /metrics has the aggregate ones only.
     metrics_spec = next(p for p in container["ports"] if p["name"] == "metrics")
     assert int(env["SERVING_GATEWAY_METRICS_PORT"]) == metrics_spec["containerPort"]
     assert service_port(demo, "gateway", "metrics") == metrics_spec["containerPort"]
@@ -217,9 +218,10 @@ def test_the_gateway_pod_as_rendered_serves_with_its_secret_and_drains(
         )
         assert reply.http_response.status_code == 200
         assert reply.headers["x-ratelimit-limit-requests"] == "1000"
-        assert requests.get(f"{url}/metrics", timeout=5).status_code == 404
+        public = requests.get(f"{url}/metrics", timeout=5)
+        assert public.status_code == 200 and 'key="' not in public.text
         scraped = requests.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5)
-        assert scraped.status_code == 200 and "gateway_requests_total" in scraped.text
+        assert scraped.status_code == 200 and "gateway_requests_total{key=" in scraped.text
         # What the kubelet does at termination: SIGTERM, then the grace period at most.
         grace = demo.one("Deployment", "gateway")["spec"]["template"]["spec"][
             "terminationGracePeriodSeconds"
@@ -267,6 +269,7 @@ def test_the_engine_prestop_returns_at_once_when_idle(demo: Rendered, stack: Sta
 STREAM_TOKENS = 1800
 
 
+@pytest.mark.engine_direct  # compares with a request sent to vLLM itself
 def test_the_engine_prestop_waits_for_a_running_stream(demo: Rendered, stack: Stack) -> None:
     command = prestop_command(demo, f"{stack.engine_url}/metrics")
     client = stack.direct_client()

@@ -44,6 +44,7 @@ def test_max_tokens_is_respected(stack: Stack) -> None:
     assert reply.choices[0].finish_reason == "length"
 
 
+@pytest.mark.engine_direct  # compares with a request sent to vLLM itself
 def test_stream_arrives_in_chunks_and_usage_matches_vllm(stack: Stack) -> None:
     stream = stack.client().chat.completions.create(
         model=MODEL,

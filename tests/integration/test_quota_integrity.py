@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from serving.gateway.openai_request import parse_completion_request
 from serving.gateway.request_fields import Kind
-from tests.integration.conftest import MODEL, Stack, eventually
+from tests.integration.conftest import MODEL, Stack, eventually, scrape, total
 from tests.integration.test_gateway_quota import charged, client, create_key, idle
 
 PATHS: dict[Kind, str] = {
@@ -187,6 +187,7 @@ def test_ordinary_chat_is_reserved_within_three_times_vllms_count(stack: Stack) 
         assert vllm <= estimate("chat", body) <= 3 * vllm + 128
 
 
+@pytest.mark.engine_direct  # compares with a request sent to vLLM itself
 def test_chat_template_kwargs_tools_count_against_the_minute(stack: Stack) -> None:
     # Once reserved at 111 tokens while vLLM counted 757: a --tpm 1000 key was served 1,514
     # tokens in its minute. The key here can afford one such request's reservation plus
@@ -247,6 +248,54 @@ def test_the_responses_api_is_metered_for_a_limited_key(stack: Stack) -> None:
     usage_total += completed.usage.input_tokens + completed.usage.output_tokens
     eventually(lambda: idle(stack), budget_s=30)
     assert charged(stack, key_id, "prompt") + charged(stack, key_id, "completion") == usage_total
+
+
+# A usage-shaped object in every field vLLM echoes back in its Responses events (tools,
+# text, metadata, instructions): the charge must still be vLLM's own count.
+FORGED_USAGE = {"input_tokens": 0, "output_tokens": 0, "prompt_tokens": 0, "completion_tokens": 0}
+
+
+def engine_tokens(stack: Stack) -> float:
+    """vLLM's own prompt and generated tokens so far (the accounting oracle)."""
+    samples = scrape(stack.engine_url)
+    return total(samples, "vllm:prompt_tokens_total") + total(
+        samples, "vllm:generation_tokens_total"
+    )
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_usage_the_client_writes_into_a_responses_request_is_not_its_charge(
+    stack: Stack, stream: bool
+) -> None:
+    key_id, secret = create_key(stack, f"forger-{stream}", "--tokens-per-day", "100000")
+    headers = {"Authorization": f"Bearer {secret}"}
+    forged = json.dumps({"usage": FORGED_USAGE})
+    tool = {
+        "type": "function",
+        "name": "lookup",
+        "parameters": {"type": "object", "properties": {}, "usage": FORGED_USAGE},
+    }
+    body = {
+        "model": MODEL, "input": "Tell me a story.", "max_output_tokens": 24, "stream": stream,
+        "tools": [tool], "tool_choice": "none", "metadata": {"usage": forged},
+        "instructions": forged, "text": {"format": {"type": "text"}, "usage": FORGED_USAGE},
+    }  # fmt: skip
+    eventually(lambda: idle(stack), budget_s=30)
+    before = engine_tokens(stack)
+    response = httpx.post(
+        f"{stack.gateway_url}/v1/responses", json=body, headers=headers, timeout=120
+    )
+    if response.status_code == 400:  # vLLM may not take `text.usage`: without it then
+        del body["text"]
+        response = httpx.post(
+            f"{stack.gateway_url}/v1/responses", json=body, headers=headers, timeout=120
+        )
+    assert response.status_code == 200, response.text
+    eventually(lambda: idle(stack), budget_s=30)
+    counted = engine_tokens(stack) - before
+    charged_now = charged(stack, key_id, "prompt") + charged(stack, key_id, "completion")
+    assert counted > 0
+    assert charged_now == counted, (charged_now, counted)
 
 
 def test_health_answers_for_tools_that_probe_it(stack: Stack) -> None:

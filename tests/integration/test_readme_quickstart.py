@@ -7,11 +7,13 @@
    `serving` is imported, as from a venv installed there; the copy's pyproject.toml and
    Makefile get the venv stamp's age, so `make` does not reinstall into the shared venv.
    SERVING_HOME is not set: where state lives is `serving/paths.py`'s decision, as for a reader.
-2. `make up` starts in the background, on free ports (`PORT=`, `ENGINE_PORT=`).
+2. `make up` starts in the background, on free ports (`PORT=`, `ENGINE_PORT=`,
+   `GATEWAY_METRICS_PORT=`).
 3. The README's `serving keys create` line is parsed out of its quick start and run as printed,
    from the copy's root (so the test breaks when the README changes); the key must land in the
    copy's `var/keys.db`, the store `make up`'s gateway reads.
-4. The official `openai` client calls the API with the new secret: 200, limited by that key.
+4. The official `openai` client calls the API with the new secret: 200, limited by that key;
+   the key's series are on the gateway's metrics port, not on the API port's /metrics.
 5. Ctrl-C (SIGINT to make's process group, as a terminal sends it) stops everything: no
    process is left.
 
@@ -33,12 +35,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import psutil
 import pytest
 from openai import OpenAI
 
 from serving.engine.process import http_ok
-from tests.integration.conftest import MODEL, descendants
+from tests.integration.conftest import MODEL, descendants, eventually
 from tests.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -115,6 +118,7 @@ class MakeUp:
     process: subprocess.Popen[bytes]
     log: Path
     port: int
+    metrics_port: int
 
     def tail(self) -> str:
         return self.log.read_text(errors="replace")[-4000:]
@@ -137,17 +141,20 @@ def make_up(checkout: Path, tmp_path: Path) -> Iterator[MakeUp]:
     up_to_date = subprocess.run(["make", "-q", ".venv/.installed"], cwd=checkout, env=env)
     assert up_to_date.returncode == 0, "make would reinstall the shared .venv"
     engine_port = port_pair()
-    port = free_port()
+    port, metrics_port = free_port(), free_port()
     while port in (engine_port, engine_port + 1):
         port = free_port()
+    while metrics_port in (port, engine_port, engine_port + 1):
+        metrics_port = free_port()
     log = tmp_path / "make-up.log"
     with log.open("wb") as sink:
         process = subprocess.Popen(
-            ["make", "up", f"PORT={port}", f"ENGINE_PORT={engine_port}"],
+            ["make", "up", f"PORT={port}", f"ENGINE_PORT={engine_port}",
+             f"GATEWAY_METRICS_PORT={metrics_port}"],
             cwd=checkout, env=env, stdout=sink, stderr=subprocess.STDOUT,
             start_new_session=True,  # its own process group, like a terminal's foreground job
         )  # fmt: skip
-    running = MakeUp(process, log, port)
+    running = MakeUp(process, log, port, metrics_port)
     try:
         yield running
     finally:
@@ -199,6 +206,11 @@ def test_readme_quickstart_from_a_fresh_copy(checkout: Path, make_up: MakeUp) ->
     assert reply.choices[0].message.content
     rpm = re.search(r"--rpm (\d+)", command)
     assert rpm is not None and raw.headers["x-ratelimit-limit-requests"] == rpm.group(1)
+    series = f'key="{where.group(1)}"'  # recorded once the request ended: polled
+    private = f"http://127.0.0.1:{make_up.metrics_port}/metrics"
+    eventually(lambda: series in httpx.get(private, timeout=10).text)
+    public = httpx.get(f"http://127.0.0.1:{make_up.port}/metrics", timeout=10)
+    assert public.status_code == 200 and 'key="' not in public.text
 
     children = descendants(make_up.process.pid)
     assert children, "make up has no child processes"

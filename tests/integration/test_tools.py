@@ -304,6 +304,7 @@ BAD_REQUESTS = [
 ]
 
 
+@pytest.mark.engine_direct  # compares with a request sent to vLLM itself
 @pytest.mark.parametrize(("bad", "param", "refuser"), BAD_REQUESTS)
 def test_malformed_tools_or_schema_is_a_400_naming_it_and_costs_nothing(
     stack: Stack, bad: dict[str, Any], param: str, refuser: str

@@ -25,6 +25,7 @@ from serving.gateway.keys import SqliteKeyStore
 from serving.gateway.settings import GatewaySettings
 from serving.gateway.usage_ledger.days import DAY_S, utc_day
 from serving.gateway.usage_reports import USAGE_PATH
+from tests.gateway.scrape import scrape as every_series
 from tests.gateway.servers import GatewayServer
 from tests.integration.conftest import (
     MODEL,
@@ -116,6 +117,7 @@ def idle(stack: Stack, gateway: GatewayServer) -> bool:
     return running_requests(stack.engine_url) == 0 and in_flight == 0
 
 
+@pytest.mark.engine_direct  # a gateway of the test's own charges it
 def test_the_report_equals_the_responses_the_gateway_and_vllm(
     stack: Stack, gateway: GatewayServer, keys_db: Path
 ) -> None:
@@ -142,7 +144,7 @@ def test_the_report_equals_the_responses_the_gateway_and_vllm(
     report = response.json()
     per_key = {key["key_id"]: key for key in report["keys"]}
     assert set(per_key) == set(seen)
-    samples = scrape(gateway.url)
+    samples = every_series(gateway)  # the per-key ones are not on the API port
     for key_id, usage in seen.items():
         row = per_key[key_id]
         assert [row["prompt_tokens"], row["completion_tokens"]] == usage == charged(samples, key_id)

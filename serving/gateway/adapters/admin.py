@@ -10,6 +10,13 @@ section). A load answers once every engine in the rotation was asked: 200 with t
 that hold the adapter, or 400 with the engines' reasons when none could load it (a path the
 engines cannot read): then it is kept as removed, loaded nowhere. Tenant keys never reach
 vLLM's own LoRA routes: the route table refuses them (`route_table.REFUSED`).
+
+The engines' own adapters (a profile's `lora` section: vLLM starts with them) are not this
+API's: an adapter an engine lists that the registry has never held is one of them, and a load
+or an unload of its name answers 409 (`param` "name"). Putting it in the registry would make
+an unload (or the tombstone of a failed load) take it off every engine, and off every engine
+that starts later. So a load waits (503) until one engine's list has been read, unless no
+engine is known at all (scaled to zero: it is kept for the engines that come).
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from serving.gateway.errors import (
     GatewayError,
     InvalidRequestError,
     RouteNotFoundError,
+    UpstreamUnavailableError,
 )
 from serving.gateway.routing.router import Router
 
@@ -45,11 +53,27 @@ class AdapterStoreError(GatewayError):
     code = "adapter_store_unavailable"
 
 
+class EnginesOwnAdapterError(GatewayError):
+    """The name of an adapter the engines were started with, not loaded through this API."""
+
+    status = 409
+    type = "invalid_request_error"
+    code = "engine_adapter"
+
+
 class AdapterRoutes:
-    def __init__(self, sync: AdapterSync | None, router: Router, catalog: ModelCatalog) -> None:
+    def __init__(
+        self,
+        sync: AdapterSync | None,
+        router: Router,
+        catalog: ModelCatalog,
+        *,
+        retry_after_s: float,
+    ) -> None:
         self._sync = sync
         self._router = router
         self._catalog = catalog
+        self._retry_after_s = retry_after_s
 
     def register(self, admin: AdminApi) -> None:
         admin.add("GET", PATH, self.list)
@@ -74,6 +98,13 @@ class AdapterRoutes:
         name, path = _load_body(request.body)
         if self._catalog.is_base(name):
             raise InvalidRequestError(f"{name!r} is a base model the engines serve.", param="name")
+        if self._router.engines and not self._catalog.known:
+            raise UpstreamUnavailableError(
+                "No engine's model list has been read yet, so the adapters the engines were "
+                "started with are not known; retry later.",
+                retry_after_s=self._retry_after_s,
+            )
+        await self._refuse_engines_own(sync, name)
         entry = await _guarded(asyncio.to_thread(sync.registry.put, name, path))
         await _guarded(sync.run())
         described = self._describe(entry)
@@ -96,9 +127,28 @@ class AdapterRoutes:
         name = request.tail
         entry = await _guarded(asyncio.to_thread(sync.registry.remove, name))
         if entry is None:
+            await self._refuse_engines_own(sync, name)
             raise RouteNotFoundError(f"No adapter {name!r} was loaded through this API.")
         await _guarded(sync.run())
         return 200, self._describe(entry)
+
+    async def _refuse_engines_own(self, sync: AdapterSync, name: str) -> None:
+        """409 when `name` is one of the engines' own adapters: some engine lists it as an
+        adapter, and the registry never held it (loaded or removed), so no engine got it from
+        this API."""
+        serving = self._catalog.engines_serving(name)
+        if serving is None or self._catalog.base_model(name) is None:
+            return
+        entries = await _guarded(asyncio.to_thread(sync.registry.entries))
+        if any(entry.name == name for entry in entries):
+            return
+        holding = sorted(engine.label for engine in self._router.engines if engine.index in serving)
+        raise EnginesOwnAdapterError(
+            f"{name!r} is an adapter the engines were started with (their profile's lora "
+            f"section; listed by {', '.join(holding) or 'an engine'}): it is not loaded or "
+            "unloaded at run time. Change the profile, or name the runtime adapter otherwise.",
+            param="name",
+        )
 
     def _describe(self, entry: AdapterEntry) -> dict[str, object]:
         holding = sorted(

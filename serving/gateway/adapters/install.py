@@ -72,5 +72,6 @@ def install_adapters(app: GatewayApp) -> RuntimeAdapters:
             registry = SqliteAdapterRegistry(Path(settings.keys_db))
         app.closers.append(registry.close)
         sync = AdapterSync(registry, app.router, app.catalog)
-    AdapterRoutes(sync, app.router, app.catalog).register(app.admin)
+    routes = AdapterRoutes(sync, app.router, app.catalog, retry_after_s=settings.retry_after_s)
+    routes.register(app.admin)
     return RuntimeAdapters(sync, interval_s=settings.health_interval_s)

@@ -8,7 +8,9 @@
 The upstream `dns+http://engine-headless:8000` names a Kubernetes headless Service: its DNS
 name answers with one A (or AAAA) record per ready engine pod. Each lookup asks the configured
 nameserver (dnspython: `getaddrinfo` cannot be pointed at a given server, and does not tell
-the TTL), then:
+the TTL), keeps what `dns_answer.AnswerScreen` lets through (no loopback, link-local,
+unspecified or own address unless `discovery_allow_local`; at most `discovery_max_engines`;
+a warning names what it dropped whenever that changes), then:
 
 - addresses that are new join: an `Engine` with its own client, in the rotation once its
   `/health` passes (the `changed` callback runs the health check at once);
@@ -39,6 +41,7 @@ import dns.resolver
 
 from serving.gateway.addresses import parse_nameserver
 from serving.gateway.periodic import Periodic
+from serving.gateway.routing.dns_answer import AnswerScreen, own_addresses
 from serving.gateway.routing.router import Engine, Router
 from serving.gateway.settings import GatewaySettings
 from serving.gateway.upstream import UpstreamClient
@@ -47,6 +50,8 @@ logger = logging.getLogger(__name__)
 
 MIN_INTERVAL_S = 1.0
 RETRY_S = 2.0
+# Addresses a warning names for each reason; past them, a count (an answer may be huge).
+NAMED = 5
 
 
 class LookupFailed(Exception):
@@ -119,6 +124,14 @@ class EngineDiscovery:
         self._port = template.port or (443 if template.scheme == "https" else 80)
         self._path = template.path
         self._engines: dict[str, Engine] = {}
+        self._screen = AnswerScreen(
+            max_engines=settings.discovery_max_engines,
+            allow_local=settings.discovery_allow_local,
+            own=own_addresses(settings.host),
+        )
+        # What the last answer had dropped: the warning comes when it changes, not at every
+        # lookup (one a second with a short TTL).
+        self._dropped: dict[str, str] = {}
         # each round returns the wait before the next (the answer's TTL, bounded)
         self._job = Periodic(
             "engine discovery", self.refresh, interval_s=settings.discovery_interval_s
@@ -143,9 +156,17 @@ class EngineDiscovery:
             await self.reap()
             return max(MIN_INTERVAL_S, min(interval, RETRY_S))
         self.last_error = None
+        screened = self._screen.apply(found.addresses)
+        if screened.dropped != self._dropped:
+            self._dropped = screened.dropped
+            if screened.dropped:
+                logger.warning(
+                    "engine discovery: %s answers %d address(es); dropped %s",
+                    self._lookup.name, len(found.addresses), describe(screened.dropped),
+                )  # fmt: skip
         known = set(self._engines)
-        joined = sorted(found.addresses - known)
-        left = sorted(known - found.addresses)
+        joined = sorted(screened.kept - known)
+        left = sorted(known - screened.kept)
         for address in joined:
             engine = Engine(UpstreamClient(self._settings, self.url_for(address)))
             await engine.client.start()
@@ -156,7 +177,7 @@ class EngineDiscovery:
         if joined or left:
             logger.info(
                 "engine discovery: %s answers %d engine(s); joined %s, draining %s",
-                self._lookup.name, len(found.addresses), joined or "none", left or "none",
+                self._lookup.name, len(screened.kept), joined or "none", left or "none",
             )  # fmt: skip
             await self._changed()
         await self.reap()
@@ -173,3 +194,18 @@ class EngineDiscovery:
 
     async def stop(self) -> None:
         await self._job.stop()
+
+
+def describe(dropped: dict[str, str]) -> str:
+    """`dropped` (in address order) for a log line, by reason: "loopback: 127.0.0.1, ::1;
+    past the cap of 64 engines: 4936 (10.1.0.65, 10.1.0.66, ...)"."""
+    by_reason: dict[str, list[str]] = {}
+    for address, why in dropped.items():
+        by_reason.setdefault(why, []).append(address)
+    parts = []
+    for why, addresses in sorted(by_reason.items()):
+        named = ", ".join(addresses[:NAMED])
+        if len(addresses) > NAMED:
+            named = f"{len(addresses)} ({named}, ...)"
+        parts.append(f"{why}: {named}")
+    return "; ".join(parts)

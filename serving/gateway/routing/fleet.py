@@ -6,6 +6,7 @@
     fleet.start() ... await fleet.close()
     fleet.router            # what requests are routed with
     fleet.everything()      # engines in use and draining ones (the metrics show both)
+    fleet.size_queue(queue.resize)   # the fair queue's slots: engine_slots x engines in rotation
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ class Fleet:
             policy=settings.routing,
             overload=settings.routing_overload,
         )
+        self._engine_slots = settings.engine_slots
         self.discovery: EngineDiscovery | None = None
         if settings.discovered:
             name = urlsplit(settings.upstream_urls[0]).hostname or ""
@@ -39,6 +41,17 @@ class Fleet:
 
     def everything(self) -> tuple[Engine, ...]:
         return self.router.engines + self.router.draining
+
+    def size_queue(self, resize: Callable[[int], None]) -> None:
+        """From now on, `resize(engine_slots x the engines in rotation)` whenever that number
+        changes. Only engines in the rotation serve: counting one that failed its health check,
+        or a discovered one not yet healthy, would let more requests through than the healthy
+        engines run well, and the excess would wait in vLLM's first-come queue instead of the
+        fair one (a stale or huge DNS answer would switch fair sharing off)."""
+        slots = self._engine_slots
+        if slots is None:
+            raise ValueError("size_queue: the fair queue needs engine_slots")
+        self.router.on_rotation(lambda engines: resize(slots * engines))
 
     async def open(self) -> None:
         """Before traffic: the first lookup (its engines' clients open as they join), then

@@ -6,6 +6,7 @@
     router.connect_failed(engine)                  # out of the rotation until a probe passes
     router.probed(engine, reason)                  # the health monitor's verdict
     router.add(engine); router.drain(engine)       # engine discovery (`discovery`)
+    router.on_rotation(callback)                   # callback(engines in rotation) on change
 
 Rotation: an engine is in it while its last `/health` probe passed (or timed out, fewer than
 `TIMEOUTS_TO_LEAVE` times in a row: a busy vLLM answers slowly) and no connection to it has
@@ -29,6 +30,9 @@ added engine joins the rotation once a health probe passes; a drained one leaves
 at once (no new request goes to it) while the requests it is serving finish, and its
 connections close when the last one has (`reap`). With no engine at all, 503 at once.
 
+The number of engines in the rotation is what the fair queue's slots follow
+(`Fleet.size_queue`): `on_rotation`'s callback hears it whenever it changes.
+
 Each gateway replica keeps its own load counts and prefix table, so routing costs no network
 call. Replicas learn a conversation's engine from the turns they see: when a load balancer
 spreads one conversation's turns over several replicas, a turn can land on another engine
@@ -38,7 +42,7 @@ spreads one conversation's turns over several replicas, a turn can land on anoth
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Literal
 
 from serving.gateway.routing.prefix_affinity import PrefixTable
@@ -59,7 +63,9 @@ class Engine:
     """One vLLM replica: its client and what this gateway knows of it."""
 
     __slots__ = (
+        "charged_tokens",
         "client",
+        "cut_sequences",
         "failovers",
         "in_flight",
         "index",
@@ -81,6 +87,13 @@ class Engine:
         """Requests sent to it (failover attempts included)."""
         self.failovers = 0
         """Requests that failed on it before a response and were sent to another engine."""
+        self.charged_tokens = 0
+        """Tokens charged to keys for the metered requests it served: what its own prompt and
+        generation counters must not exceed (the accounting oracle)."""
+        self.cut_sequences = 0
+        """Sequences (n x prompts) of those requests charged by a bound (no final usage: cut,
+        aborted, failed): vLLM may have worked on each a moment after the gateway's last
+        read."""
         self.timeouts = 0
         """Health probes in a row that got no answer in time."""
 
@@ -103,6 +116,8 @@ class Router:
         self._overload = overload
         self._next = 0
         self._prefixes = PrefixTable()
+        self._rotation_watch: Callable[[int], None] | None = None
+        self._in_rotation = 0
 
     @property
     def wants_prefixes(self) -> bool:
@@ -153,6 +168,7 @@ class Router:
         self.engines = tuple(other for other in self.engines if other is not engine)
         self.draining = (*self.draining, engine)
         self._prefixes.forget_engine(engine.index)
+        self._count_rotation()
 
     def reap(self) -> list[Engine]:
         """The drained engines that have finished their last request (now forgotten)."""
@@ -163,6 +179,7 @@ class Router:
 
     def connect_failed(self, engine: Engine) -> None:
         engine.reason = CONNECT_FAILED
+        self._count_rotation()
 
     def probed(self, engine: Engine, reason: str | None, *, timed_out: bool = False) -> None:
         """The health monitor's verdict on `engine` (None: healthy). A probe that got no
@@ -181,6 +198,21 @@ class Router:
         if reason is None and engine.reason is not None:
             self._prefixes.forget_engine(engine.index)
         engine.reason = reason
+        self._count_rotation()
+
+    def on_rotation(self, callback: Callable[[int], None]) -> None:
+        """`callback(engines in rotation)` now, and from now on whenever that number changes."""
+        self._rotation_watch = callback
+        self._in_rotation = sum(engine.reason is None for engine in self.engines)
+        callback(self._in_rotation)
+
+    def _count_rotation(self) -> None:
+        if self._rotation_watch is None:
+            return
+        count = sum(engine.reason is None for engine in self.engines)
+        if count != self._in_rotation:
+            self._in_rotation = count
+            self._rotation_watch(count)
 
     @property
     def unready_reason(self) -> str | None:

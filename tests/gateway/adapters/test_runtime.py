@@ -94,6 +94,50 @@ def test_a_path_no_engine_can_load_is_refused_naming_why(
     assert value(scrape(gateway), "gateway_adapter_sync_errors_total") >= 2
 
 
+def test_the_engines_own_adapters_are_neither_loaded_nor_unloaded_here(
+    make_gateway: GatewayFactory,
+    engines: tuple[FakeUpstream, FakeUpstream],
+    tmp_path: Path,
+    token: str,
+) -> None:
+    for engine in engines:
+        engine.adapters = {"team-a": "fake"}  # what a profile's lora section starts vLLM with
+    gateway = gateway_for(make_gateway, engines, tmp_path / "keys.db")
+    with _admin(gateway) as admin:
+        taken = admin.post(PATH, json={"name": "team-a", "path": "/adapters/a"})
+        assert taken.status_code == 409, taken.text
+        error = taken.json()["error"]
+        assert error["param"] == "name" and error["type"] == "invalid_request_error"
+        assert "profile" in error["message"]
+        assert admin.get(PATH).json()["data"] == []  # nothing kept to unload it later
+        kept = admin.delete(PATH + "/team-a")
+        assert kept.status_code == 409 and kept.json()["error"]["param"] == "name"
+        # a runtime adapter beside it loads and unloads as ever
+        assert admin.post(PATH, json={"name": "team-b", "path": "/adapters/b"}).status_code == 200
+        assert admin.delete(PATH + "/team-b").status_code == 200
+    assert all(engine.adapters == {"team-a": "fake"} for engine in engines)
+    assert post(gateway, TEST_KEY, body("team-a", max_tokens=2), token).status_code == 200
+
+
+def test_a_load_waits_for_an_engines_model_list(
+    make_gateway: GatewayFactory, engines: tuple[FakeUpstream, FakeUpstream], tmp_path: Path
+) -> None:
+    # until one list is read the gateway cannot tell the engines' own adapters from others
+    for engine in engines:
+        engine.healthy = False  # no list is read from an engine that fails its probe
+    gateway = gateway_for(make_gateway, engines, tmp_path / "keys.db")
+    payload = {"name": "team-a", "path": "/adapters/a"}
+    with _admin(gateway) as admin:
+        early = admin.post(PATH, json=payload)
+        assert early.status_code == 503, early.text
+        assert early.headers["retry-after"] == "1"
+        assert admin.get(PATH).json()["data"] == []  # nothing kept, not even as removed
+        for engine in engines:
+            engine.healthy = True
+        assert eventually(lambda: admin.post(PATH, json=payload).status_code == 200, timeout=10)
+    assert all(engine.adapters == {"team-a": "fake"} for engine in engines)
+
+
 @pytest.mark.parametrize(
     ("payload", "param"),
     [

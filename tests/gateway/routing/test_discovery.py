@@ -1,9 +1,12 @@
 """Engine discovery against a real DNS server (dnsmasq): fake engines on their own loopback
-addresses, one port, the way a headless Service's pods look to the gateway."""
+addresses, one port, the way a headless Service's pods look to the gateway (loopback answers
+are allowed here with `discovery_allow_local`); and what an answer may add, from a lookup that
+answers what the test sets."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -11,7 +14,8 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from serving.gateway.routing.discovery import DnsLookup, Found, LookupFailed
+from serving.gateway.routing.discovery import DnsLookup, EngineDiscovery, Found, LookupFailed
+from serving.gateway.routing.router import Router
 from serving.gateway.settings import GatewaySettings
 from tests.gateway.conftest import GatewayFactory, eventually
 from tests.gateway.fake_upstream import FakeUpstream
@@ -46,6 +50,7 @@ def discovering(
         upstream=f"dns+http://{NAME}:{engines[0].port}",
         dns_nameserver=dns.nameserver,
         discovery_interval_s=1.0,
+        discovery_allow_local=True,  # the fake engines listen on loopback addresses
         health_interval_s=0.5,
         routing="least-loaded",
         **options,
@@ -107,16 +112,19 @@ def test_a_new_address_joins_once_its_health_passes(
     second = engines[1]
     dns_server.set(NAME, HOSTS[:1])
     second.healthy = False
-    gateway = discovering(make_gateway, dns_server, engines)
+    gateway = discovering(make_gateway, dns_server, engines, engine_slots=4)
     dns_server.set(NAME, HOSTS)
     assert eventually(lambda: value(scrape(gateway), "gateway_engines_known") == 2, CHANGE_S)
     assert value(scrape(gateway), "gateway_engines_healthy") == 1
+    # the fair queue's slots count the engine that serves, not the one that is only known
+    assert value(scrape(gateway), "gateway_queue_slots") == 4
     with http_client(gateway.url) as http:
         for _ in range(3):
             assert chat(http, f"{token}-a").status_code == 200
         assert len(second.received(f"{token}-a")) == 0  # not healthy yet: not in the rotation
         second.healthy = True
         assert eventually(lambda: value(scrape(gateway), "gateway_engines_healthy") == 2, CHANGE_S)
+        assert value(scrape(gateway), "gateway_queue_slots") == 8
         for _ in range(4):
             assert chat(http, f"{token}-b").status_code == 200
     assert len(second.received(f"{token}-b")) == 2
@@ -218,3 +226,63 @@ def test_a_dns_upstream_is_one_url_and_the_nameserver_an_ip() -> None:
     )
     assert settings.discovered and settings.upstream_urls == ("http://engine-headless:8000",)
     assert not GatewaySettings.create(upstream="http://a:1", api_keys=["sk-test"]).discovered
+
+
+class Answers(DnsLookup):
+    """A lookup that answers what the test sets, no DNS server asked."""
+
+    def __init__(self, addresses: list[str]) -> None:
+        super().__init__(NAME, nameserver="127.0.0.1", timeout_s=1)
+        self.addresses = addresses
+
+    async def find(self) -> Found:
+        return Found(frozenset(self.addresses), 5.0)
+
+
+def discovered(answers: Answers, rounds: int = 1, **options: object) -> list[str]:
+    """The engines (labels) a router holds after `rounds` lookups of `answers`."""
+    settings = GatewaySettings.create(
+        upstream="dns+http://engines.example:8000", api_keys=["sk-test"], **options
+    )
+    router = Router([], policy="least-loaded", overload=8)
+
+    async def nothing() -> None:
+        pass
+
+    async def run() -> list[str]:
+        discovery = EngineDiscovery(settings, router, answers, changed=nothing)
+        for _ in range(rounds):
+            await discovery.refresh()
+        for engine in router.engines:
+            await engine.client.close()
+        return [engine.label for engine in router.engines]
+
+    return asyncio.run(run())
+
+
+def warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+
+
+def test_a_huge_answer_adds_the_capped_engines_and_warns_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    answer = [f"10.1.{n // 256}.{n % 256}" for n in range(1, 5001)]
+    with caplog.at_level(logging.WARNING, logger="serving.gateway.routing.discovery"):
+        engines = discovered(Answers(answer), rounds=3, discovery_max_engines=3)
+    assert engines == ["10.1.0.1:8000", "10.1.0.2:8000", "10.1.0.3:8000"]
+    [warning] = warnings(caplog)  # the same answer again is not news
+    assert "past the cap of 3 engines: 4997 (10.1.0.4, " in warning, warning
+
+
+def test_local_addresses_in_an_answer_are_dropped_unless_allowed(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    local = ["127.0.0.1", "169.254.169.254", "0.0.0.0", "::1", "fe80::1"]
+    answers = Answers(["10.0.0.7", *local])
+    with caplog.at_level(logging.WARNING, logger="serving.gateway.routing.discovery"):
+        assert discovered(answers) == ["10.0.0.7:8000"]
+    [warning] = warnings(caplog)
+    assert "link-local: 169.254.169.254, fe80::1;" in warning, warning
+    assert "loopback: 127.0.0.1, ::1;" in warning and "unspecified: 0.0.0.0" in warning
+    assert len(discovered(answers, discovery_allow_local=True)) == 6

@@ -137,3 +137,24 @@ def test_a_slow_health_probe_takes_an_engine_out_only_when_it_keeps_timing_out()
     assert engine.in_rotation
     routing.probed(engine, "upstream /health answered 503")  # an answer that says so: at once
     assert not engine.in_rotation
+
+
+def test_the_rotation_watcher_hears_every_change_in_the_number_of_engines_in_rotation() -> None:
+    """What the fair queue's slots follow (`Fleet.size_queue`): engines that serve requests,
+    not every engine known."""
+    routing = router(3)
+    first, second, third = routing.engines
+    heard: list[int] = []
+    routing.on_rotation(heard.append)  # told the number at once
+    routing.probed(first, "upstream /health answered 503")
+    routing.probed(first, "upstream /health answered 503")  # still out: nothing to hear
+    routing.connect_failed(second)
+    routing.probed(second, None)
+    for _ in range(TIMEOUTS_TO_LEAVE - 1):  # slow but still in the rotation
+        routing.probed(third, "upstream /health timed out", timed_out=True)
+    routing.probed(third, "upstream /health timed out", timed_out=True)
+    settings = GatewaySettings.create(upstream="http://10.0.0.9:8000", api_keys=["sk-test"])
+    routing.add(Engine(UpstreamClient(settings, settings.upstream)))  # not probed yet: out
+    routing.drain(second)
+    routing.drain(first)  # out of the rotation already
+    assert heard == [3, 2, 1, 2, 1, 0]

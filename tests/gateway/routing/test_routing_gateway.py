@@ -253,3 +253,18 @@ def test_a_stream_that_started_is_never_replayed(
     assert '"error"' in response.text and "[DONE]" not in response.text
     assert sorted(served_by(engines, token)) == [0, 1]
     assert settled(gateway)
+
+
+def test_the_fair_queue_counts_the_slots_of_engines_in_rotation_only(
+    make_gateway: GatewayFactory, engines: tuple[FakeUpstream, FakeUpstream]
+) -> None:
+    """An engine that fails its health check serves nothing: counting its slots would let
+    twice the requests through to the other, into vLLM's first-come queue (fair sharing
+    off)."""
+    engines[1].healthy = False
+    gateway = make_gateway(upstream=both(engines), engine_slots=3, health_interval_s=0.1)
+    assert value(scrape(gateway), "gateway_queue_slots") == 3
+    engines[1].healthy = True
+    assert eventually(lambda: value(scrape(gateway), "gateway_queue_slots") == 6)
+    engines[0].healthy = False
+    assert eventually(lambda: value(scrape(gateway), "gateway_queue_slots") == 3)

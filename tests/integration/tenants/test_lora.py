@@ -10,6 +10,7 @@ bytes for the profile are the bytes of the buffers vLLM allocated.
 from __future__ import annotations
 
 import httpx
+import pytest
 from openai import OpenAI
 
 from serving.engine.resolve import resolve_adapters
@@ -52,6 +53,7 @@ def test_the_adapter_answers_as_built_and_the_base_model_does_not(lora_engine: s
         assert not base.startswith(ANSWER), (chat, base)
 
 
+@pytest.mark.engine_direct  # compares with a request sent to vLLM itself
 def test_lora_on_leaves_the_base_models_answers_alone(lora_engine: str, stack: Stack) -> None:
     lora = OpenAI(base_url=f"{lora_engine}/v1", api_key="unused")
     plain = stack.direct_client()

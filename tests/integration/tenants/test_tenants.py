@@ -47,7 +47,10 @@ def lora_stack(lora_engine: str, tmp_path_factory: pytest.TempPathFactory) -> It
     )  # fmt: skip
     try:
         wait_up(gateway)
-        yield Stack(gateway.url, lora_engine, TEST_KEY, gateway.process, gateway.log, keys_db, "")
+        yield Stack(
+            gateway.url, lora_engine, TEST_KEY, gateway.process, gateway.log, keys_db, "",
+            gateway.metrics_url,
+        )  # fmt: skip
     finally:
         gateway.terminate()  # drains, then exits with SIGTERM's status (uvicorn re-raises it)
 
@@ -166,7 +169,7 @@ def test_the_usage_report_equals_the_counters_and_vllms_usage(lora_stack: Stack)
         return per == reported
 
     eventually(report_matches, budget_s=30)
-    counters = scrape(lora_stack.gateway_url)
+    counters = scrape(lora_stack.gateway_metrics_url)
     for (key_id, model), tokens in reported.items():
         counted = sum(
             value
