@@ -52,6 +52,8 @@ class _Engine:
     in_flight: int = 0
     requests: int = 1
     failovers: int = 0
+    accounted_tokens: int = 0
+    cut_sequences: int = 0
 
 
 def gateway_names() -> set[str]:

@@ -2,10 +2,19 @@
 `gateway_*` series.
 
 The series are listed in serving/gateway/metrics.py's docstring. `key` is a key's public id,
-never its secret. The gateway exports no remaining budget: the quota store keeps it, and a
-per-key gauge would have to read every key's budget on each scrape. So the dashboard charts
-what each key spent this UTC day and month (the periods of the tokens/day and tokens/month
-limits); compare them with the key's limits (`serving keys show ID`).
+never its secret. The per-key panels (and the `key` variable) need the job `gateway` to scrape
+the gateways' metrics ports (`serving up --gateway-metrics-port`, the overlays' 9100): their
+API ports' /metrics leave out every series with a `key` or `model` label. The gateway exports
+no remaining budget: the quota store keeps it, and a per-key gauge would have to read every
+key's budget on each scrape. So the dashboard charts what each key spent this UTC day and month
+(the periods of the tokens/day and tokens/month limits); compare them with the key's limits
+(`serving keys show ID`).
+
+The Accounting row sets what the gateways charged against what vLLM counted (the oracle of
+docs/gateway.md's charging rules): the expression of the recording rule
+stack:gateway_uncharged_tokens:increase10m that ChargesBelowEngineCount fires on, built here
+from CUT_SLACK_TOKENS (tests/monitoring holds the two equal), over every engine and every
+gateway whatever `$instance` selects.
 """
 
 from __future__ import annotations
@@ -32,10 +41,29 @@ from monitoring.grafana.common import (
     table_panel,
     timeseries_panel,
 )
+from serving.gateway.usage import CUT_SLACK_TOKENS
 
 UID = "serving-gateway"
 GATEWAYS = 'instance=~"$instance"'
 KEYS = f'{GATEWAYS}, key=~"$key"'
+
+# The accounting oracle over 10 minutes, all engines and all gateway replicas summed: what
+# vLLM worked on (generated, and prompt tokens computed rather than read from its prefix
+# cache), what the gateways charged, the slack their cut sequences are allowed, and the gap
+# (rules/recording.yml's stack:gateway_uncharged_tokens:increase10m, the same expression).
+ORACLE_WINDOW = "10m"
+ENGINE_COUNTED = (
+    f'sum(increase(vllm:generation_tokens_total{{job="vllm"}}[{ORACLE_WINDOW}]))\n+\n'
+    "sum(increase(vllm:prompt_tokens_by_source_total"
+    f'{{job="vllm", source="local_compute"}}[{ORACLE_WINDOW}]))'
+)
+CHARGED = f'sum(increase(gateway_engine_accounted_tokens_total{{job="gateway"}}[{ORACLE_WINDOW}]))'
+CUT_SLACK = (
+    f"{CUT_SLACK_TOKENS} * "
+    f'sum(increase(gateway_engine_cut_sequences_total{{job="gateway"}}[{ORACLE_WINDOW}]))'
+)
+UNCHARGED = f"(\n{ENGINE_COUNTED}\n)\n-\n(\n{CHARGED}\n+\n{CUT_SLACK}\n)"
+ACCOUNTING_PANEL = "Tokens charged against vLLM's count (10m windows)"
 
 
 def _sum_rate(metric: str, selector: str, by: str) -> str:
@@ -228,6 +256,33 @@ def build() -> dict[str, Any]:
     )
     board.add(_spent("Tokens charged per key today (UTC)", "day", "now/d"))
     board.add(_spent("Tokens charged per key this month (UTC)", "month", "now/M"))
+
+    board.row("Accounting")
+    board.add(
+        timeseries_panel(
+            ACCOUNTING_PANEL,
+            TOKENS,
+            [
+                Query(ENGINE_COUNTED, "counted by vLLM (generated + prompt computed)"),
+                Query(CHARGED, "charged by the gateways"),
+                Query(CUT_SLACK, f"slack for cut streams ({CUT_SLACK_TOKENS} per sequence)"),
+                Query(UNCHARGED, "uncharged: counted - charged - slack"),
+            ],
+            description=(
+                "Over the 10 minutes up to each point, all engines and all gateway replicas "
+                "together (whatever Gateway selects): the tokens vLLM worked on, the tokens the "
+                "gateways charged to keys for requests on the engines, the slack allowed each "
+                "sequence of a stream cut before vLLM's final usage, and the gap. The gap stays "
+                "at or below 0 while every token is paid for (below: prompts from vLLM's prefix "
+                "cache, charged but not computed); above 0 for 15 minutes fires "
+                "ChargesBelowEngineCount (monitoring/RUNBOOK.md). Work still in flight shows as "
+                "a short rise: vLLM counts it before the gateway charges it."
+            ),
+            width=24,
+            min_value=None,
+            thresholds=[(0, "red")],
+        )
+    )
 
     board.row("Fair sharing")
     board.add(

@@ -1,14 +1,14 @@
 """`make monitor`: Debian's Prometheus scraping the local stack, in the foreground.
 
-    .venv/bin/python -m monitoring.prometheus.local [--port 8000] [--engine-port 8001]
-        [--metrics-port PORT] [--prom-port 9090]
+    .venv/bin/python -m monitoring.prometheus.local [--gateway-metrics-port 8100]
+        [--engine-port 8001] [--metrics-port PORT] [--prom-port 9090]
 
 Writes <serving home>/prometheus/prometheus.yml: prometheus.yml with the targets moved to the
-stack's ports (the gateway's, vLLM's and the launcher's, engine port + 1 unless
---metrics-port says otherwise, as `serving up` decides it) and the rule files as absolute
-paths. Keeps the TSDB in <serving home>/prometheus/data (./var/prometheus in a checkout),
-prints the URL and how to point a Grafana at it, then becomes `prometheus` (exec) until
-Ctrl-C. The stack itself is `make up`, in another terminal.
+stack's ports (the gateway's metrics port, where its per-key series are, vLLM's port and the
+launcher's, engine port + 1 unless --metrics-port says otherwise, as `serving up` decides them)
+and the rule files as absolute paths. Keeps the TSDB in <serving home>/prometheus/data
+(./var/prometheus in a checkout), prints the URL and how to point a Grafana at it, then becomes
+`prometheus` (exec) until Ctrl-C. The stack itself is `make up`, in another terminal.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from monitoring.prometheus.ruleset import rule_files
 from monitoring.prometheus.series import ENGINE, GATEWAY, LAUNCHER
 from serving.engine.command import DEFAULT_ENGINE_PORT, add_metrics_port_argument, metrics_port
 from serving.errors import ServingError
-from serving.gateway.settings import GatewaySettings
 from serving.paths import serving_home
+from serving.ports import GATEWAY_METRICS_PORT
 
 DEFAULT_PROM_PORT = 9090
 GRAFANA = HERE.parent / "grafana"
@@ -48,9 +48,13 @@ def render_config(targets: dict[str, str], config: Path = CONFIG) -> str:
     return header + yaml.safe_dump(data, sort_keys=False, default_flow_style=False)
 
 
-def stack_targets(gateway_port: int, engine_port: int, launcher_port: int) -> dict[str, str]:
+def stack_targets(
+    gateway_metrics_port: int, engine_port: int, launcher_port: int
+) -> dict[str, str]:
+    """The jobs' targets: the gateway's on its metrics port, since its API port's /metrics
+    leaves out every series with a key or a model, which rules and dashboards read."""
     return {
-        GATEWAY: f"127.0.0.1:{gateway_port}",
+        GATEWAY: f"127.0.0.1:{gateway_metrics_port}",
         ENGINE: f"127.0.0.1:{engine_port}",
         LAUNCHER: f"127.0.0.1:{launcher_port}",
     }
@@ -70,8 +74,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m monitoring.prometheus.local",
         description="Prometheus for the local stack (make monitor)",
     )
-    gateway_default = GatewaySettings.model_fields["port"].default
-    parser.add_argument("--port", type=int, default=gateway_default, help="the gateway's port")
+    parser.add_argument(
+        "--gateway-metrics-port",
+        type=int,
+        default=GATEWAY_METRICS_PORT,
+        help="the gateway's metrics port (`serving up --gateway-metrics-port`)",
+    )
     parser.add_argument("--engine-port", type=int, default=DEFAULT_ENGINE_PORT)
     add_metrics_port_argument(parser)
     parser.add_argument("--prom-port", type=int, default=DEFAULT_PROM_PORT)
@@ -91,7 +99,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     data_dir = home / "data"
     data_dir.mkdir(parents=True, exist_ok=True)
     config = home / "prometheus.yml"
-    targets = stack_targets(args.port, args.engine_port, launcher_port)
+    targets = stack_targets(args.gateway_metrics_port, args.engine_port, launcher_port)
     config.write_text(render_config(targets), encoding="utf-8")
 
     url = f"http://127.0.0.1:{args.prom_port}"

@@ -59,9 +59,14 @@ SCRAPED: tuple[Scraped, ...] = (
     Scraped("gateway_budget_flush_failures", "counter", GATEWAY),
     Scraped("gateway_usage_write_failures", "counter", GATEWAY),
     Scraped("gateway_queue_timeouts", "counter", GATEWAY),
+    # per engine (label: its host:port), what the gateway charged: the live accounting oracle
+    Scraped("gateway_engine_accounted_tokens", "counter", GATEWAY),
+    Scraped("gateway_engine_cut_sequences", "counter", GATEWAY),
     # vLLM (labels: model_name, engine)
     Scraped("vllm:prompt_tokens", "counter", ENGINE),
     Scraped("vllm:generation_tokens", "counter", ENGINE),
+    # (and `source`: local_compute | local_cache_hit | external_kv_transfer)
+    Scraped("vllm:prompt_tokens_by_source", "counter", ENGINE),
     Scraped("vllm:time_to_first_token_seconds", "histogram", ENGINE),
     Scraped("vllm:inter_token_latency_seconds", "histogram", ENGINE),
     Scraped("vllm:e2e_request_latency_seconds", "histogram", ENGINE),

@@ -54,12 +54,14 @@ from serving.gateway.catalog import ModelCatalog
 from serving.gateway.completions import Completions
 from serving.gateway.errors import (
     BodyTooLargeError,
+    ClientGone,
     GatewayError,
     InternalError,
     RateLimitError,
     RouteNotFoundError,
     UpstreamUnavailableError,
     quota_unavailable_error,
+    refusal_error,
     retry_after_headers,
     upstream_error_kind,
 )
@@ -103,10 +105,9 @@ from serving.gateway.usage_reports import install_usage_reports
 logger = logging.getLogger(__name__)
 
 API_PREFIX = "/v1/"
-
-
-class ClientDisconnected(Exception):
-    """The client went away before its request body was complete."""
+# Metered bodies larger than this are read only after the key's concurrency and requests/min
+# were looked at (a store call, where reading and parsing the body would cost more).
+PRECHECK_BODY_BYTES = 64 * 1024
 
 
 def create_app(
@@ -336,6 +337,12 @@ class GatewayApp:
             route = self.routes.lookup(method, path, opt_in=self._opt_in)
             caller = self.authenticator.authenticate(authorization)
             record.key = caller.key_id
+            if route.metered is not None and _large(content_length):
+                # a key at its concurrency or requests/min limit costs no large body's read
+                refusal = await self.quota.precheck(caller)
+                if refusal is not None:
+                    record.refusal = refusal.reason.value
+                    raise refusal_error(refusal)
             body = await read_body(receive, self.settings.max_body_bytes, content_length)
             # vLLM's own spelling: it answers a variant with a redirect to itself
             target = route.path.encode()
@@ -360,8 +367,8 @@ class GatewayApp:
                 # refused before admission: the key's current state (a 429 carries its own)
                 headers = rate_limit_raw_headers(await self.quota.status(caller, ""))
             await send_error(send, error, request_id=rid, headers=headers)
-        except ClientDisconnected:  # or was cut off by the body deadline (a 408)
-            logger.info("request %s: client disconnected while sending its body", rid.decode())
+        except ClientGone:  # or was cut off by the body deadline (a 408); metrics count a 499
+            logger.info("request %s: client went away before it was answered", rid.decode())
         except Exception:
             # A bug, never the client's fault: logged with its traceback, answered in OpenAI's
             # shape: an error JSON, or once a stream has started a final error event (any
@@ -446,6 +453,13 @@ class GatewayApp:
         )
 
 
+def _large(content_length: bytes | None) -> bool:
+    """A body worth the quota store's look before it is read (chunked ones included)."""
+    if content_length is None or not content_length.isdigit():
+        return True
+    return int(content_length) > PRECHECK_BODY_BYTES
+
+
 def _is_plain_path(path: str) -> bool:
     """False for paths with `.` or `..` segments, which some servers would normalise."""
     return "/." not in path or all(part not in (".", "..") for part in path.split("/"))
@@ -464,7 +478,7 @@ async def read_body(receive: Receive, limit: int, content_length: bytes | None) 
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
-            raise ClientDisconnected()
+            raise ClientGone()
         chunk: bytes = message.get("body", b"")
         if chunk:
             size += len(chunk)

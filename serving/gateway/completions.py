@@ -53,7 +53,7 @@ from serving.gateway.errors import (
     refusal_error,
     upstream_error_kind,
 )
-from serving.gateway.fair_queue import ClientLeft, FairQueue, QueueTimeout, Turn
+from serving.gateway.fair_queue import FairQueue, QueueTimeout, Turn
 from serving.gateway.images import ImagePolicy
 from serving.gateway.metrics import RequestRecord
 from serving.gateway.openai_request import (
@@ -66,7 +66,7 @@ from serving.gateway.openai_request import (
 from serving.gateway.proxy import Proxy, ProxyOutcome, ProxyRequest
 from serving.gateway.quota import Admission, Lease, QuotaEngine, Refusal, rate_limit_raw_headers
 from serving.gateway.quota.engine import BeyondContext
-from serving.gateway.routing import prefix_hashes, prompt_text
+from serving.gateway.routing import Engine, prefix_hashes, prompt_text
 from serving.gateway.types import Receive, Send
 from serving.gateway.usage import ResponseMeter
 
@@ -157,8 +157,8 @@ class Completions:
         # outcome), and the one `finally` below gives back whatever it holds, however the
         # request ends, exceptions included.
         held = HeldRequest(admission, record)
-        self._running.add(admission.lease)
         try:
+            self._running.add(admission.lease)  # renewed by the lease upkeep while it runs
             check_admitted(parsed)  # after admission: a key at its limit costs no schema work
             if self._queue is not None:
                 held.turn = await self._wait(self._queue, caller, parsed, admission, receive)
@@ -167,8 +167,6 @@ class Completions:
             held.forwarded = True
             await self._proxy.forward(upstream_request, receive, send, held.outcome)
             held.relayed = True
-        except ClientLeft:
-            return  # left while waiting for a slot: nobody to answer (metrics count a 499)
         finally:
             self._running.discard(admission.lease)
             await self._release(held, parsed)
@@ -291,15 +289,12 @@ class Completions:
             try:
                 if held.turn is not None and self._queue is not None:
                     self._queue.release(held.turn, served=lease.charged_tokens)
-                engine = held.outcome.engine
-                if engine is not None:
-                    engine.charged_tokens += lease.charged_tokens or 0
-                    if held.meter is None or held.meter.usage is None:  # charged by a bound
-                        engine.cut_sequences += parsed.choices
             finally:
                 meter = held.meter or ResponseMeter(strip_usage=False)
                 outcome = held.outcome if held.forwarded else None
                 _record_outcome(held.record, lease, _cut_prompt(parsed, meter), meter, outcome)
+                if outcome is not None and outcome.engine is not None:
+                    _account(outcome.engine, held.record, parsed, cut=meter.usage is None)
 
     def models_listing(self, caller: Caller) -> dict[str, object]:
         """`/v1/models` for `caller`: what the engines serve that the key may use."""
@@ -380,6 +375,18 @@ def _record_outcome(
     elif charged:
         record.prompt_tokens = min(prompt_charged, charged)
     record.completion_tokens = charged - record.prompt_tokens
+
+
+def _account(
+    engine: Engine, record: RequestRecord, parsed: CompletionRequest, *, cut: bool
+) -> None:
+    """What the engine's own counters should find covered (the accounting oracle): the
+    charge, with the prompt once per sequence run on it (vLLM prefills each of `n` choices,
+    where the charge counts the prompt once, as OpenAI's usage does)."""
+    per_prompt = parsed.choices // parsed.prompts
+    engine.accounted_tokens += record.completion_tokens + record.prompt_tokens * per_prompt
+    if cut:  # charged by a bound: vLLM may have run on a moment past the last read
+        engine.cut_sequences += parsed.choices
 
 
 def _too_wide(parsed: CompletionRequest, per_key: int) -> InvalidRequestError:

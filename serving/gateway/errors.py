@@ -59,6 +59,11 @@ def retry_after_headers(seconds: float) -> RawHeaders:
     return [(b"retry-after", b"%d" % whole), (b"retry-after-ms", b"%d" % millis)]
 
 
+class ClientGone(Exception):
+    """The client went away before it was answered (while sending its body, or while its
+    request waited for a slot): there is nobody to answer, and the request never ran."""
+
+
 class GatewayError(Exception):
     """A failure reported to the client as `{"error": {message, type, param, code}}`."""
 

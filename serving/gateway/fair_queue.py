@@ -25,7 +25,7 @@ zero: service nobody else wanted is held against no one. Among one key's waiting
 the oldest goes first.
 
 Bounded waiting. A request waits at most `timeout_s` (`QueueTimeout`), and leaves the queue
-at once when its client goes away (`ClientLeft`); either way it never ran. With nothing
+at once when its client goes away (`errors.ClientGone`); either way it never ran. With nothing
 waiting and a slot free, `turn` takes it without suspending (a few dictionary operations).
 """
 
@@ -37,15 +37,12 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
+from serving.gateway.errors import ClientGone
 from serving.gateway.metrics import DURATION_BUCKETS, Histogram
 
 
 class QueueTimeout(Exception):
     """The request waited `FairQueue.timeout_s` without a slot."""
-
-
-class ClientLeft(Exception):
-    """The client went away while its request waited."""
 
 
 @dataclass(slots=True, eq=False)
@@ -206,7 +203,7 @@ class FairQueue:
         stats = self._stats(waiter.key)
         if watcher is not None and watcher.done():
             stats.left += 1
-            raise ClientLeft
+            raise ClientGone
         stats.timeouts += 1
         raise QueueTimeout
 

@@ -28,8 +28,9 @@ every client reaches without a key, gets the rest:
     gateway_engine_requests_total{engine}          requests sent to it (failover attempts too)
     gateway_engine_failovers_total{engine}         requests that failed on it before a response
                                                    and were sent to another engine
-    gateway_engine_charged_tokens_total{engine}    tokens charged for what it served (the
-                                                   oracle beside vLLM's own token counters)
+    gateway_engine_accounted_tokens_total{engine}  tokens charged for what it served, a prompt
+                                                   once per sequence (the oracle beside vLLM's
+                                                   own token counters)
     gateway_engine_cut_sequences_total{engine}     sequences (n x prompts) of the requests
                                                    charged by a bound (no final usage)
     gateway_engines_known                          engines routed to (listed or discovered;
@@ -339,10 +340,11 @@ class GatewayMetrics:
             "Requests that failed on the engine before a response and went to another one.",
             labels=("engine",),
         )
-        charged = CounterMetricFamily(
-            "gateway_engine_charged_tokens",
-            "Tokens charged to keys for the metered requests the engine served (the oracle: "
-            "vLLM's own prompt and generation counters must not exceed them).",
+        accounted = CounterMetricFamily(
+            "gateway_engine_accounted_tokens",
+            "Tokens charged to keys for the metered requests the engine served, a prompt once "
+            "per sequence run on it (the oracle: vLLM's own prompt and generation counters "
+            "must not exceed them).",
             labels=("engine",),
         )
         cut = CounterMetricFamily(
@@ -358,9 +360,9 @@ class GatewayMetrics:
             in_flight.add_metric(label, engine.in_flight)
             requests.add_metric(label, engine.requests)
             failovers.add_metric(label, engine.failovers)
-            charged.add_metric(label, engine.charged_tokens)
+            accounted.add_metric(label, engine.accounted_tokens)
             cut.add_metric(label, engine.cut_sequences)
-        yield from (rotation, in_flight, requests, failovers, charged, cut)
+        yield from (rotation, in_flight, requests, failovers, accounted, cut)
         yield GaugeMetricFamily(
             "gateway_engines_known",
             "Engines this gateway routes to (listed or discovered; draining ones left out).",
@@ -394,7 +396,7 @@ class EngineState(Protocol):
     @property
     def failovers(self) -> int: ...
     @property
-    def charged_tokens(self) -> int: ...
+    def accounted_tokens(self) -> int: ...
     @property
     def cut_sequences(self) -> int: ...
 

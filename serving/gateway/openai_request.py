@@ -80,6 +80,8 @@ class CompletionRequest:
     """What vLLM would use: max_completion_tokens if set, else max_tokens (None: neither)."""
     choices: int
     """Sequences generated: n (or best_of) times the number of prompts."""
+    prompts: int
+    """Prompts of a completions batch (1 on the other routes)."""
     prompt_estimate: int
     """Upper bound of the prompt tokens of all prompts together."""
     longest_prompt_estimate: int
@@ -151,6 +153,7 @@ def parse_completion_request(
         client_wants_running_usage=wants_running,
         requested_max_tokens=requested,
         choices=n * prompts,
+        prompts=prompts,
         prompt_estimate=estimate,
         longest_prompt_estimate=longest,
     )

@@ -55,8 +55,8 @@ _CHAT_FIELDS = ("prompt_tokens", "completion_tokens")
 # What the accounting oracle allows each sequence of a request charged by a bound (no final
 # usage): tokens vLLM may generate between the gateway's last read and the abort its closing
 # causes. Measured on cpu-tiny with a slow reader (tests/integration/test_cut_streams.py):
-# 7 short for a chat stream, 40 for n = 3 (13 a sequence); the rest is margin for a busy
-# machine. The service tier's oracle and the ChargesBelowEngineCount alert both use it.
+# at most 7 tokens short a sequence; the rest is margin for a busy machine. The service
+# tier's oracle and the ChargesBelowEngineCount alert both use it.
 CUT_SLACK_TOKENS = 64
 # Generated tokens a Responses stream may hold that no delta shows (reasoning markers, EOS).
 TEXTLESS_TOKENS = 4
@@ -79,6 +79,14 @@ def usage_of(value: object, *, responses: bool = False) -> Usage | None:
     if type(prompt) is not int or type(completion) is not int or prompt < 0 or completion < 0:
         return None
     return Usage(prompt, completion)
+
+
+def _delta_bytes(event: bytes) -> int:
+    """The UTF-8 bytes of a Responses delta event's `delta` text (0 when it has none)."""
+    payload = b"".join(line[5:] for line in event.splitlines() if line.startswith(b"data:"))
+    data = _loads(payload)
+    delta = data.get("delta") if isinstance(data, dict) else None
+    return len(delta.encode()) if isinstance(delta, str) else 0
 
 
 def _loads(payload: bytes) -> Any:
@@ -133,7 +141,7 @@ class ResponseMeter:
         """The final usage (chunk), or the usage of a whole body."""
         self.events = 0
         self.delta_bytes = 0
-        """Responses streams: bytes of the events that carry generated text (`*.delta`)."""
+        """Responses streams: UTF-8 bytes of the text their delta events carried."""
         self.inband_error = False
         self.problem: str | None = None
         self._pending = b""
@@ -154,9 +162,9 @@ class ResponseMeter:
         may still be on their way: (count + tokens_per_event) per choice."""
         if self.responses:
             # No running count, and vLLM merges several tokens into one delta for a reader
-            # that fell behind: bound the tokens by the bytes of the deltas (a byte-level BPE
-            # token is at least one byte of text; the raw JSON is never shorter than its
-            # text), plus one per event and a few for tokens with no text (`<think>`, EOS).
+            # that fell behind: bound the tokens by the bytes of the deltas' text (a
+            # byte-level BPE token is at least one byte of text), plus one per event and a
+            # few for tokens with no text (`<think>`, EOS).
             return self.delta_bytes + self.events + TEXTLESS_TOKENS
         running = self.running_usage
         per_event = self.tokens_per_event
@@ -244,13 +252,14 @@ class ResponseMeter:
         return complete
 
     def _feed_responses(self, chunk: bytes) -> bytes:
-        """`feed` for a Responses stream (no fast path: its events have an `event:` line
-        each); the bytes of its delta events are counted for a cut stream's bound."""
+        """`feed` for a Responses stream; the generated text of its delta events is counted
+        (UTF-8 bytes) for a cut stream's bound. A delta event is parsed as JSON: its `delta`
+        is what vLLM generated, never the request echoed."""
         out = self._feed(chunk)
         if _DELTA_TYPE_END in out:
-            self.delta_bytes += sum(
-                len(event) for event in out.split(b"\n\n") if _DELTA_TYPE_END in event
-            )
+            for event in out.split(b"\n\n"):
+                if _DELTA_TYPE_END in event:
+                    self.delta_bytes += _delta_bytes(event)
         return out
 
     def end(self) -> bytes:

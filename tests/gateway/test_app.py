@@ -9,8 +9,8 @@ import time
 import httpx
 import pytest
 
-from serving.gateway.app import ClientDisconnected, GatewayApp, create_app, read_body
-from serving.gateway.errors import BodyTooLargeError
+from serving.gateway.app import GatewayApp, create_app, read_body
+from serving.gateway.errors import BodyTooLargeError, ClientGone
 from serving.gateway.settings import GatewaySettings
 from serving.gateway.types import Message, Receive
 from tests.gateway.conftest import GatewayFactory
@@ -197,7 +197,7 @@ def test_read_body_reports_disconnect() -> None:
     _, receive = receiver(
         {"type": "http.request", "body": b"ab", "more_body": True}, {"type": "http.disconnect"}
     )
-    with pytest.raises(ClientDisconnected):
+    with pytest.raises(ClientGone):
         asyncio.run(read_body(receive, 100, None))
 
 

@@ -6,7 +6,8 @@ import asyncio
 
 import pytest
 
-from serving.gateway.fair_queue import ClientLeft, FairQueue, QueueTimeout, Turn
+from serving.gateway.errors import ClientGone
+from serving.gateway.fair_queue import FairQueue, QueueTimeout, Turn
 
 
 def run(scenario: object) -> None:
@@ -159,7 +160,7 @@ def test_a_client_that_leaves_leaves_the_queue_at_once() -> None:
         await asyncio.sleep(0.01)
         assert queue.waiting("b") == 1
         left.set()
-        with pytest.raises(ClientLeft):
+        with pytest.raises(ClientGone):
             await asyncio.wait_for(waiting, 1)
         assert queue.waiting() == 0 and queue.stats["b"].left == 1
         queue.release(held)

@@ -6,6 +6,7 @@ clients and shutting down: `test_server`).
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 import pytest
@@ -71,3 +72,37 @@ def test_gateway_is_idle_after_a_mix_of_failures(
                 )
         http.post("/v1/chat/completions", content=b"{")
     assert settled(strict)
+
+
+def _large_request_head(gateway: GatewayServer, secret: str, length: int) -> bytes:
+    """The answer to a metered request whose head announces `length` bytes of body, of which
+    only a few are ever sent: it can only come before the body was read."""
+    with socket.create_connection(("127.0.0.1", gateway.port), timeout=10) as sock:
+        sock.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b'Authorization: Bearer %s\r\nContent-Length: %d\r\n\r\n{"model":'
+            % (secret.encode(), length)
+        )
+        answer = b""
+        while b"\r\n\r\n" not in answer:
+            data = sock.recv(65536)
+            if not data:
+                break
+            answer += data
+    return answer
+
+
+def test_a_key_at_its_request_limits_is_refused_before_its_large_body_is_read(
+    make_gateway: GatewayFactory, keys: SqliteKeyStore
+) -> None:
+    gateway = make_gateway(keys_db=str(keys.path), body_timeout_s=30)
+    _, secret = keys.create("busy", limits=Limits(rpm=1))
+    with http_client(gateway.url, key=secret) as http:
+        body = {"model": "fake", "messages": [{"role": "user", "content": "hi"}]}
+        assert http.post("/v1/chat/completions", json=body).status_code == 200
+    head = _large_request_head(gateway, secret, 5_000_000)
+    assert head.startswith(b"HTTP/1.1 429"), head
+    assert b"retry-after" in head.lower()
+    # a small body is simply parsed and refused by the reservation, as before
+    with http_client(gateway.url, key=secret) as http:
+        assert http.post("/v1/chat/completions", json=body).status_code == 429

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import psutil
@@ -26,6 +26,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from serving.engine.process import http_ok
 from tests.ports import free_port
+
+if TYPE_CHECKING:  # the oracle imports this module
+    from tests.integration.oracle import Ledger
 
 REPO = Path(__file__).resolve().parents[2]
 TEST_KEY = "sk-test-integration-0123456789abcdef"
@@ -204,18 +207,29 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         yield running
 
 
+# The ledger the last checked test ended on: the next one starts from it unless a test that
+# reaches the engine around the gateway ran in between (one scrape of each side less a test).
+_last_ledger: list[Ledger] = []
+
+
 @pytest.fixture(autouse=True)
 def accounting_oracle(request: pytest.FixtureRequest) -> Iterator[None]:
     """vLLM's own counters check the accounting of every test on the session's stack: the
     tokens the gateway charged meanwhile cover what the engine counted (`oracle`). A test that
-    sends requests straight to the engine, uncharged on purpose, is marked `engine_direct`."""
+    reaches the engine around the stack's gateway is marked `engine_direct`."""
+    if request.node.get_closest_marker("engine_direct"):
+        _last_ledger.clear()
     if "stack" not in request.fixturenames or request.node.get_closest_marker("engine_direct"):
         yield
         return
     from tests.integration.oracle import read_ledger  # it reads this module's `scrape`
 
     stack: Stack = request.getfixturevalue("stack")
-    before = read_ledger(stack.gateway_url, stack.engine_url, steady=False)
+    if _last_ledger:
+        before = _last_ledger[0]
+    else:
+        before = read_ledger(stack.gateway_url, stack.engine_url, steady=False)
+    _last_ledger.clear()
     yield
     after = read_ledger(stack.gateway_url, stack.engine_url)
     shortfall = after.shortfall(before)
@@ -223,3 +237,4 @@ def accounting_oracle(request: pytest.FixtureRequest) -> Iterator[None]:
         f"the engine counted {shortfall:g} tokens more than the gateway charged "
         f"(slack for cut requests included): before {before}, after {after}"
     )
+    _last_ledger.append(after)

@@ -66,7 +66,7 @@ def read_ledger(
         )
         ledger = Ledger(
             engine_tokens(engine),
-            total(gateway, "gateway_engine_charged_tokens_total"),
+            total(gateway, "gateway_engine_accounted_tokens_total"),
             total(gateway, "gateway_engine_cut_sequences_total"),
         )
         if idle and (not steady or ledger == previous):

@@ -65,8 +65,10 @@ def test_a_stream_cut_by_a_slow_reader_is_charged_what_vllm_counted(
     before = read_ledger(stack.gateway_url, stack.engine_url)
     assert cut_slowly(stack, path, body, events=8) == 8
     after = read_ledger(stack.gateway_url, stack.engine_url)
+    # Charged by a bound; or, when vLLM finished while the gateway drained what it had
+    # sent (it reads on for up to a second after the client left), by its final usage.
     sequences = 3 if case in ("chat-n3", "completion-batch") else 1
-    assert after.cut - before.cut == sequences  # charged by a bound, not by a final usage
+    assert after.cut - before.cut in (0, sequences)
     counted = after.engine_tokens - before.engine_tokens
     charged = after.charged - before.charged
     assert counted > 0

@@ -7,10 +7,10 @@ and another key's request finds a slot at once. Under vLLM's FCFS queue the same
 quiet key wait for one of the flood's 256-token streams to end (6.7-7.2 s on the 2-core dev
 machine, `make bench-fairness`); here it starts in tens of milliseconds.
 
-A second gateway on the same engine, with one slot and a 1 s deadline, shows the deadline and a
-departure on real processes: a client that reads nothing holds the slot (the relay waits on
-it), so the other key's request waits, and gets 503 or leaves, charged nothing, never reaching
-vLLM.
+A second gateway on the same engine, with eight slots and a 1 s deadline, shows the deadline
+and a departure on real processes: a client that reads nothing of an n = 8 stream holds all
+eight (the relay waits on it), so the other key's request waits, and gets 503 or leaves,
+charged nothing, never reaching vLLM.
 """
 
 from __future__ import annotations
@@ -139,17 +139,17 @@ def test_a_flood_of_one_key_leaves_another_key_a_slot(stack: Stack) -> None:
 
 
 @contextmanager
-def one_slot_gateway(
+def eight_slot_gateway(
     stack: Stack, workdir: Path, queue_timeout_s: float
 ) -> Iterator[tuple[str, str]]:
-    """A second gateway on the stack's engine and keys, with one slot: its URL and its
-    metrics port's, where the per-key series are."""
+    """A second gateway on the stack's engine and keys, with eight slots (one request of
+    n = 8 fills them): its URL and its metrics port's, where the per-key series are."""
     port, metrics_port = free_port(), free_port()
     log = workdir / f"gateway-{port}.log"
     with log.open("wb") as sink:
         process = subprocess.Popen(
             [sys.executable, "-m", "serving.cli", "gateway", "--upstream", stack.engine_url,
-             "--port", str(port), "--keys-db", str(stack.keys_db), "--engine-slots", "1",
+             "--port", str(port), "--keys-db", str(stack.keys_db), "--engine-slots", "8",
              "--reserved-slots", "0", "--queue-timeout-s", str(queue_timeout_s),
              "--drain-delay", "0", "--metrics-port", str(metrics_port)],
             env=serving_env(), cwd=REPO, stdout=sink, stderr=subprocess.STDOUT,
@@ -169,13 +169,13 @@ def one_slot_gateway(
 
 @contextmanager
 def slot_held(stack: Stack, url: str, secret: str) -> Iterator[float]:
-    """The gateway's one slot taken by a stream nobody reads: n=8 x 1800 tokens of SSE
-    (megabytes) into a 4 KiB window block the relay, so the slot stays taken while the socket
-    is open. Yields vLLM's prompt token count once that request runs."""
+    """The gateway's eight slots taken by a stream nobody reads (a slot per sequence): n=8 x
+    1800 tokens of SSE (megabytes) into a 4 KiB window block the relay, so the slots stay
+    taken while the socket is open. Yields vLLM's prompt token count once that request runs."""
     generated = total(scrape(stack.engine_url), "vllm:generation_tokens_total")
     holder = raw_request(url, secret, {**chat(1800), "n": 8}, rcvbuf=4096)
     try:
-        eventually(lambda: total(scrape(url), "gateway_queue_running") == 1, budget_s=60)
+        eventually(lambda: total(scrape(url), "gateway_queue_running") == 8, budget_s=60)
         # its prompt is in vLLM's count once it generates
         eventually(
             lambda: total(scrape(stack.engine_url), "vllm:generation_tokens_total") > generated,
@@ -207,7 +207,7 @@ def test_a_request_waits_no_longer_than_its_deadline(stack: Stack, tmp_path: Pat
     _, holder = create_key(stack, "fair-holder")
     waiter_id, waiter = create_key(stack, "fair-waiter")
     with (
-        one_slot_gateway(stack, tmp_path, queue_timeout_s=1) as (url, metrics),
+        eight_slot_gateway(stack, tmp_path, queue_timeout_s=1) as (url, metrics),
         slot_held(stack, url, holder) as prompts_before,
     ):
         started = time.monotonic()
@@ -231,7 +231,7 @@ def test_a_client_that_leaves_while_waiting_leaves_the_queue(stack: Stack, tmp_p
     _, holder = create_key(stack, "fair-holder-2")
     leaver_id, leaver = create_key(stack, "fair-leaver")
     with (
-        one_slot_gateway(stack, tmp_path, queue_timeout_s=300) as (url, metrics),
+        eight_slot_gateway(stack, tmp_path, queue_timeout_s=300) as (url, metrics),
         slot_held(stack, url, holder) as prompts_before,
     ):
         leaving = raw_request(url, leaver, chat(8), rcvbuf=65536)

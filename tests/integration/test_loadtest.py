@@ -11,6 +11,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+import pytest
+
 from loadtest.cli import main
 from loadtest.scraper import GENERATION_TOKENS, PROMPT_TOKENS, parse_metrics
 from tests.integration.conftest import Stack, serving_env
@@ -120,6 +122,7 @@ def middle_spread(values: list[float]) -> float:
     return (middle[-1] - middle[0]) / ordered[len(ordered) // 2]
 
 
+@pytest.mark.engine_direct  # vLLM's own bench runs straight against the engine
 def test_crosscheck_medians_agree_with_vllm_bench(stack: Stack, tmp_path: Path) -> None:
     """Interleaved rounds of both clients on the real engine: the same work, medians close."""
     tokenizer = Path(serving_env()["SERVING_HOME"]) / "models" / "qwen3-tiny"

@@ -2,10 +2,12 @@
 
 Debian's `prometheus` runs on monitoring/prometheus/prometheus.yml (retargeted by
 monitoring.prometheus.local at the session's stack, every second) with the project's rule
-files. Traffic goes through the gateway: chat completions streamed and not (with a shared
-prefix, so the prefix cache hits), a quota rejection (a key with rpm=1 asked twice), a model
-the engine does not serve (404), a client that disconnects mid-stream, and upstream errors:
-a second gateway replica (the same keys) whose engine is unreachable answers 503
+files; it scrapes the gateways' metrics ports, the only ones with the per-key series (their API
+ports' /metrics, which any client reads, name no key: checked here too). Traffic goes through
+the gateway: chat completions streamed and not (with a shared prefix, so the prefix cache
+hits), a quota rejection (a key with rpm=1 asked twice), a model the engine does not serve
+(404), a client that disconnects mid-stream, and upstream errors: a second gateway replica (the
+same keys) whose engine is unreachable answers 503
 (gateway_upstream_errors_total{kind="connect"}, gateway_upstream_healthy 0 for it; the tiny
 model writes 1900 tokens in under a second, so an idle timeout is no reliable error).
 
@@ -15,6 +17,12 @@ series it records) must return series through /api/v1/query, and every metric na
 monitoring/ must be in the scrape. The main panels are drawn to PNG (monitoring/snapshot.py):
 into docs/monitoring/ with SERVING_WRITE_DOCS=1 (docs/monitoring.md's pictures), else into the
 test's tmp dir.
+
+The accounting oracle, live (issue 36): after that traffic the gap between vLLM's token
+counters and the gateways' charges (stack:gateway_uncharged_tokens:increase10m, as the real
+Prometheus evaluates it) is at most 0 and ChargesBelowEngineCount's expression selects
+nothing; then, last, a charge is withheld on purpose (requests straight to vLLM's port, which
+vLLM counts and nobody charges) and the expression goes above 0, the alert pending.
 
 Waits are on conditions with generous budgets (a loaded 2-core machine sometimes
 schedules nothing for seconds), never on a scrape landing inside a window.
@@ -55,7 +63,7 @@ from monitoring.grafana.queries import (
 )
 from monitoring.prometheus.api import PrometheusAPI
 from monitoring.prometheus.local import prometheus_argv, render_config, stack_targets
-from monitoring.prometheus.ruleset import load_rules
+from monitoring.prometheus.ruleset import Rule, load_rules
 from monitoring.prometheus.series import (
     CLUSTER_MADE,
     GATEWAY,
@@ -73,6 +81,7 @@ from tests.integration.conftest import (
     read_tokens,
     serving_env,
 )
+from tests.integration.oracle import read_ledger
 from tests.integration.test_gateway_quota import client, create_key, idle
 from tests.ports import free_port
 from tests.services import require
@@ -83,6 +92,8 @@ INTERVAL = "1s"
 DOCS = REPO / "docs" / "monitoring"
 PREFIX = "You answer questions about the weather in short, plain sentences. " * 8
 LONG: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Tell me a long story."}]
+UNCHARGED = "stack:gateway_uncharged_tokens:increase10m"
+CHARGES_ALERT = "ChargesBelowEngineCount"
 
 
 @dataclass(frozen=True)
@@ -90,7 +101,15 @@ class Live:
     api: PrometheusAPI
     start: float
     """Unix time shortly before the traffic began."""
-    gateways: tuple[str, ...]
+    gateways: tuple[Replica, ...]
+
+
+@dataclass(frozen=True)
+class Replica:
+    """A gateway's API URL and its metrics port's, which Prometheus scrapes."""
+
+    url: str
+    metrics_url: str
 
 
 def scrape(url: str) -> dict[str, float]:
@@ -119,14 +138,15 @@ def host_port(url: str) -> str:
 
 
 @contextmanager
-def gateway_replica(stack: Stack, workdir: Path) -> Iterator[str]:
+def gateway_replica(stack: Stack, workdir: Path) -> Iterator[Replica]:
     """`serving gateway` on the stack's key store whose upstream is a port nothing listens
     on: a replica that lost its engine. Every request through it is an upstream error."""
-    port, dead = free_port(), free_port()
+    port, dead, metrics_port = free_port(), free_port(), free_port()
     log = workdir / "gateway-b.log"
     command = [
         sys.executable, "-m", "serving.cli", "gateway", "--upstream", f"http://127.0.0.1:{dead}",
-        "--port", str(port), "--keys-db", str(stack.keys_db), "--drain-delay", "0",
+        "--port", str(port), "--metrics-port", str(metrics_port),
+        "--keys-db", str(stack.keys_db), "--drain-delay", "0",
     ]  # fmt: skip
     with log.open("w") as sink:
         process = subprocess.Popen(
@@ -144,7 +164,7 @@ def gateway_replica(stack: Stack, workdir: Path) -> Iterator[str]:
                 return False
 
         wait_until("the second gateway's /healthz", alive, budget_s=60)
-        yield url
+        yield Replica(url, f"http://127.0.0.1:{metrics_port}")
     finally:
         process.send_signal(signal.SIGTERM)
         try:
@@ -154,11 +174,11 @@ def gateway_replica(stack: Stack, workdir: Path) -> Iterator[str]:
             process.wait()
 
 
-def prometheus_config(stack: Stack, gateway_b: str) -> str:
+def prometheus_config(stack: Stack, gateway_b: Replica) -> str:
     """prometheus.yml retargeted at the stack (make monitor's render_config), plus the second
     gateway as another instance of the gateway job, scraped and evaluated every second."""
     targets = stack_targets(
-        int(stack.gateway_url.rsplit(":", 1)[1]),
+        int(stack.gateway_metrics_url.rsplit(":", 1)[1]),
         int(stack.engine_url.rsplit(":", 1)[1]),
         int(stack.launcher_url.rsplit(":", 1)[1]),
     )
@@ -170,7 +190,7 @@ def prometheus_config(stack: Stack, gateway_b: str) -> str:
     }
     for job in data["scrape_configs"]:
         if job["job_name"] == GATEWAY:
-            job["static_configs"][0]["targets"].append(host_port(gateway_b))
+            job["static_configs"][0]["targets"].append(host_port(gateway_b.metrics_url))
     return yaml.safe_dump(data, sort_keys=False)
 
 
@@ -279,13 +299,13 @@ def unknown_model(stack: Stack) -> None:
     assert 400 <= caught.value.status_code < 500
 
 
-def upstream_errors(stack: Stack, gateway_b: str, api: PrometheusAPI) -> None:
+def upstream_errors(stack: Stack, gateway_b: Replica, api: PrometheusAPI) -> None:
     """Gateway B cannot reach its engine: 503, counted as an upstream `connect` error."""
     payload = {"model": MODEL, "messages": LONG, "max_tokens": 8}
 
     def unreachable() -> None:
         response = httpx.post(
-            f"{gateway_b}/v1/chat/completions", json=payload, timeout=60,
+            f"{gateway_b.url}/v1/chat/completions", json=payload, timeout=60,
             headers={"Authorization": f"Bearer {stack.api_key}"},
         )  # fmt: skip
         assert response.status_code == 503, response.text
@@ -301,7 +321,7 @@ def disconnect_mid_stream(stack: Stack) -> None:
     stream.close()
 
 
-def drive_traffic(stack: Stack, gateway_b: str, api: PrometheusAPI) -> None:
+def drive_traffic(stack: Stack, gateway_b: Replica, api: PrometheusAPI) -> None:
     normal_rounds(stack, (2, 4, 8, 4))
     quota_rejections(stack, api)
     unknown_model(stack)
@@ -312,14 +332,15 @@ def drive_traffic(stack: Stack, gateway_b: str, api: PrometheusAPI) -> None:
     wait_until("the stack idle after the traffic", lambda: idle(stack))
 
 
-def ingested(api: PrometheusAPI, stack: Stack, gateways: tuple[str, ...]) -> bool:
+def ingested(api: PrometheusAPI, stack: Stack, gateways: tuple[Replica, ...]) -> bool:
     """Prometheus holds the counters as the stack shows them now (after the traffic)."""
     per_instance = {
         series.labels.get("instance"): series.last
         for series in api.query("sum by (instance) (gateway_requests_total)")
     }
-    for url in gateways:
-        if per_instance.get(host_port(url)) != scrape(url)["gateway_requests_total"]:
+    for gateway in gateways:
+        shown = scrape(gateway.metrics_url)["gateway_requests_total"]
+        if per_instance.get(host_port(gateway.metrics_url)) != shown:
             return False
     stored = api.query("sum(vllm:generation_tokens_total)")
     return (
@@ -338,7 +359,7 @@ def live(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Liv
         start = time.time()
         time.sleep(3)  # a baseline before the traffic, for the pictures
         drive_traffic(stack, gateway_b, api)
-        gateways = (stack.gateway_url, gateway_b)
+        gateways = (Replica(stack.gateway_url, stack.gateway_metrics_url), gateway_b)
         wait_until("Prometheus ingested the traffic", lambda: ingested(api, stack, gateways))
         yield Live(api, start, gateways)
 
@@ -360,6 +381,17 @@ def returns_series(api: PrometheusAPI, queries: dict[str, str], budget_s: float 
         spent += min(time.monotonic() - before, 2.0)  # host stalls are not charged
     listing = "\n".join(f"  {name}: {expr}" for name, expr in empty.items())
     assert not empty, f"{len(empty)} of {len(queries)} queries returned no series:\n{listing}"
+
+
+def test_only_the_metrics_ports_name_keys(live: Live) -> None:
+    """The per-key series Prometheus stores came from the metrics ports; the API ports'
+    /metrics, which any client reads without a key, name no key and no model."""
+    for gateway in live.gateways:
+        private = httpx.get(f"{gateway.metrics_url}/metrics", timeout=10)
+        public = httpx.get(f"{gateway.url}/metrics", timeout=10)
+        assert private.status_code == 200 and 'key="' in private.text
+        assert public.status_code == 200 and "gateway_in_flight_requests" in public.text
+        assert 'key="' not in public.text and 'model="' not in public.text
 
 
 def test_every_dashboard_panel_query_returns_series(live: Live) -> None:
@@ -426,3 +458,77 @@ def test_the_main_panels_render_to_png(live: Live, tmp_path: Path) -> None:
     if write_docs:
         for path in written:
             path.with_suffix(".html").unlink()  # docs/monitoring.md shows the PNGs only
+
+
+# -- the accounting oracle, live ------------------------------------------------------------
+
+
+def rule(name: str) -> Rule:
+    (found,) = [rule for rule in load_rules() if rule.name == name]
+    return found
+
+
+def uncharged(api: PrometheusAPI) -> float:
+    """The gap (vLLM's count less the charges and the slack, over 10m), its recording rule's
+    expression evaluated by Prometheus now."""
+    found = api.query(rule(UNCHARGED).expr)
+    assert len(found) == 1, found
+    value = found[0].last
+    assert value is not None, found
+    return value
+
+
+def alert_states(api: PrometheusAPI, name: str) -> set[str]:
+    """pending/firing, as Prometheus' own rule evaluation holds the alert now."""
+    return {series.labels["alertstate"] for series in api.query(f'ALERTS{{alertname="{name}"}}')}
+
+
+def test_charges_cover_vllms_count_after_the_traffic(live: Live) -> None:
+    """ChargesBelowEngineCount stays silent on ordinary traffic: after the streams, the cut
+    one, the prefix cache hits and the replica whose engine is gone, the gap is at most 0 (in
+    the rule's expression and in the series it records), the alert's expression selects
+    nothing, and the alert is not pending (the accounting fixture checks the same traffic
+    against vLLM's counters directly)."""
+    assert uncharged(live.api) <= 0
+    assert live.api.query(rule(CHARGES_ALERT).expr) == []
+
+    def recorded_and_quiet() -> bool:
+        recorded = live.api.query(UNCHARGED)
+        settled = len(recorded) == 1 and (recorded[0].last or 0.0) <= 0
+        return settled and not alert_states(live.api, CHARGES_ALERT)
+
+    wait_until("the recorded gap at most 0, the alert inactive", recorded_and_quiet, budget_s=30)
+
+
+@pytest.mark.engine_direct
+def test_charges_below_engine_count_fires_when_a_charge_is_withheld(
+    live: Live, stack: Stack
+) -> None:
+    """A charge withheld on purpose: chat completions sent straight to vLLM's port, around the
+    gateway. vLLM counts their tokens and no key pays, so once Prometheus scrapes them the gap
+    goes above 0, the alert's expression selects it and the alert is pending (it would fire
+    after its 15 minutes, which the promtool cases show). Enough tokens to outweigh what the
+    traffic before overpaid (prompts from the prefix cache), with a margin; the tiny model
+    writes them in seconds. Last in the module: the gap stays up for 10 minutes."""
+    before = uncharged(live.api)
+    needed = max(0.0, -before) * 1.1 + 500
+    direct = stack.direct_client()
+    sent = 0
+    while sent < needed:
+        reply = direct.chat.completions.create(
+            model=MODEL, messages=LONG, max_tokens=1500, extra_body={"ignore_eos": True}
+        )
+        assert reply.usage is not None
+        sent += reply.usage.completion_tokens
+    wait_until("the gap above 0", lambda: uncharged(live.api) > 0)
+
+    def selected() -> bool:
+        """The alert's expression reads the recorded gap: a rule evaluation later."""
+        fired = live.api.query(rule(CHARGES_ALERT).expr)
+        return len(fired) == 1 and (fired[0].last or 0.0) > 0
+
+    wait_until("the alert's expression selecting the gap", selected)
+    wait_until("the alert pending", lambda: bool(alert_states(live.api, CHARGES_ALERT)))
+    assert alert_states(live.api, CHARGES_ALERT) == {"pending"}
+    # vLLM's counters settled before the next test's accounting check reads them
+    read_ledger(stack.gateway_url, stack.engine_url)

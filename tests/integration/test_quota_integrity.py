@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from serving.gateway.openai_request import parse_completion_request
 from serving.gateway.request_fields import Kind
 from tests.integration.conftest import MODEL, Stack, eventually, scrape, total
+from tests.integration.oracle import read_ledger
 from tests.integration.test_gateway_quota import charged, client, create_key, idle
 
 PATHS: dict[Kind, str] = {
@@ -296,6 +297,85 @@ def test_usage_the_client_writes_into_a_responses_request_is_not_its_charge(
     charged_now = charged(stack, key_id, "prompt") + charged(stack, key_id, "completion")
     assert counted > 0
     assert charged_now == counted, (charged_now, counted)
+
+
+usage_shaped: st.SearchStrategy[Any] = st.one_of(
+    st.fixed_dictionaries({name: st.integers(0, 3) for name in FORGED_USAGE}),
+    st.fixed_dictionaries(
+        {"usage": st.fixed_dictionaries({name: st.integers(0, 3) for name in FORGED_USAGE})}
+    ),
+).flatmap(lambda value: st.sampled_from([value, json.dumps(value), json.dumps(value)[1:-1]]))
+# Where each route takes what a client writes, as (path, a way to put a value there).
+PLACES: dict[Kind, list[str]] = {
+    "chat": ["content", "name", "tool", "schema", "user"],
+    "completion": ["prompt", "user"],
+    "responses": ["input", "instructions", "metadata", "tool", "schema", "user"],
+}
+
+
+def with_usage_in(kind: Kind, place: str, value: Any) -> dict[str, Any]:
+    """A body of `kind` with `value` (a usage-shaped object or its text) at `place`."""
+    as_text = value if isinstance(value, str) else json.dumps(value)
+    schema = {"type": "object", "properties": {"usage": {"type": "string"}},
+              "description": as_text}  # fmt: skip
+    if kind == "completion":
+        prompt = as_text if place == "prompt" else "Tell me a story."
+        body: dict[str, Any] = {"prompt": prompt, "max_tokens": 8}
+    elif kind == "chat":
+        message = {"role": "user", "content": as_text if place == "content" else "Hi there."}
+        if place == "name":
+            message["name"] = as_text
+        body = {"messages": [message], "max_tokens": 8}
+        if place == "tool":
+            function = {"name": "lookup", "description": as_text, "parameters": schema}
+            body |= {"tools": [{"type": "function", "function": function}], "tool_choice": "none"}
+        if place == "schema":
+            spec = {"name": "answer", "schema": schema}
+            body["response_format"] = {"type": "json_schema", "json_schema": spec}
+    else:
+        body = {"input": as_text if place == "input" else "Hi there.", "max_output_tokens": 8}
+        if place == "instructions":
+            body["instructions"] = as_text
+        if place == "metadata":
+            body["metadata"] = {"usage": as_text[:512]}
+        if place == "tool":
+            body |= {"tools": [{"type": "function", "name": "lookup", "parameters": schema}],
+                     "tool_choice": "none"}  # fmt: skip
+        if place == "schema":
+            body["text"] = {"format": {"type": "json_schema", "name": "answer", "schema": schema}}
+    if place == "user":
+        body["user"] = as_text
+    return {"model": MODEL, **body}
+
+
+@pytest.mark.parametrize("kind", ["chat", "completion", "responses"])
+def test_usage_shaped_values_in_any_client_field_never_lower_the_charge(
+    stack: Stack, kind: Kind
+) -> None:
+    """What vLLM counted is charged, whatever usage-shaped objects or text the client puts in
+    the fields vLLM may echo back (rule 3 of the accounting work)."""
+    headers = {"Authorization": f"Bearer {stack.api_key}"}
+
+    @settings(
+        max_examples=8,
+        deadline=None,
+        database=None,
+        derandomize=True,
+        suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+    )
+    @given(st.sampled_from(PLACES[kind]), usage_shaped, st.booleans())
+    def check(place: str, value: Any, stream: bool) -> None:
+        body = {**with_usage_in(kind, place, value), "stream": stream}
+        before = read_ledger(stack.gateway_url, stack.engine_url, steady=False)
+        response = httpx.post(stack.gateway_url + PATHS[kind], json=body, headers=headers,
+                              timeout=120)  # fmt: skip
+        assert response.status_code in (200, 400), response.text
+        after = read_ledger(stack.gateway_url, stack.engine_url)
+        counted = after.engine_tokens - before.engine_tokens
+        assert after.cut == before.cut  # every answer ended with vLLM's usage
+        assert after.charged - before.charged >= counted, (place, value, stream, body)
+
+    check()
 
 
 def test_health_answers_for_tools_that_probe_it(stack: Stack) -> None:

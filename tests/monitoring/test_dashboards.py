@@ -13,6 +13,7 @@ import yaml
 
 from monitoring.exported import exported_names, vllm_names
 from monitoring.grafana.common import DATASOURCE_VARIABLE
+from monitoring.grafana.gateway import ACCOUNTING_PANEL
 from monitoring.grafana.generate import BUILDERS, DASHBOARDS_DIR, stale, write_all
 from monitoring.grafana.plans import shipped_plans
 from monitoring.grafana.queries import (
@@ -24,6 +25,7 @@ from monitoring.grafana.queries import (
     variable_names,
     variables,
 )
+from monitoring.prometheus.ruleset import load_rules
 from monitoring.promql import metric_names, variable_selector
 from serving.cli import main as serving_main
 from serving.profiles import Profile, load_all_profiles
@@ -130,6 +132,22 @@ def test_the_dashboards_cover_what_issue_9_asks_for() -> None:
         "vllm:cache_config_info", "vllm:kv_cache_usage_perc", "serving_engine_model_load_seconds",
         "serving_engine_load_peak_memory_bytes", "serving_engine_startup_seconds",
     } <= used["capacity.json"]  # fmt: skip
+
+
+def test_the_gateway_dashboard_charts_the_gap_its_alert_reads() -> None:
+    """The Accounting panel draws vLLM's count, the charges, the cut streams' slack and the gap
+    that ChargesBelowEngineCount fires on: the recording rule's expression, to the character
+    (bar white space), so the chart and the alert cannot drift apart."""
+    (rule,) = [r for r in load_rules() if r.name == "stack:gateway_uncharged_tokens:increase10m"]
+    queries = [q for q in panel_queries(DASHBOARDS["gateway.json"]) if q.panel == ACCOUNTING_PANEL]
+    assert len(queries) == 4
+    squashed = ["".join(query.expr.split()) for query in queries]
+    assert "".join(rule.expr.split()) in squashed
+    names = set().union(*(metric_names(query.expr) for query in queries))
+    assert names == {
+        "vllm:generation_tokens_total", "vllm:prompt_tokens_by_source_total",
+        "gateway_engine_accounted_tokens_total", "gateway_engine_cut_sequences_total",
+    }  # fmt: skip
 
 
 @pytest.mark.parametrize(

@@ -58,8 +58,9 @@ def test_make_monitor_starts_prometheus_with_the_rules_and_the_three_jobs(
     prom_port = free_port()
     env = {**os.environ, "SERVING_HOME": str(tmp_path)}
     command = [
-        sys.executable, "-m", "monitoring.prometheus.local", "--port", str(free_port()),
-        "--engine-port", str(free_port()), "--prom-port", str(prom_port),
+        sys.executable, "-m", "monitoring.prometheus.local",
+        "--gateway-metrics-port", str(free_port()), "--engine-port", str(free_port()),
+        "--prom-port", str(prom_port),
     ]  # fmt: skip
     process = subprocess.Popen(
         command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True

@@ -22,7 +22,8 @@ from monitoring.prometheus.series import (
     SCRAPED,
 )
 from monitoring.promql import metric_names
-from serving.ports import ENGINE_PORT, GATEWAY_PORT
+from serving.gateway.usage import CUT_SLACK_TOKENS
+from serving.ports import ENGINE_PORT, GATEWAY_METRICS_PORT
 from tests.monitoring.promtool import run_promtool
 
 RULES = load_rules()
@@ -36,6 +37,7 @@ SEVERITIES = {"critical", "warning"}
 RECORD_NAME = re.compile(r"^[a-z][a-z0-9_]*:[a-z][a-z0-9_]*:[a-z][a-z0-9_]*$")
 SAMPLE = re.compile(r"^\s*([a-zA-Z_:][a-zA-Z0-9_:]*)\s*(?:\{(.*)\})?\s*$")
 LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"')
+UNCHARGED = "stack:gateway_uncharged_tokens:increase10m"
 
 
 def promtool_tests() -> list[dict[str, Any]]:
@@ -181,7 +183,7 @@ def test_prometheus_yml_scrapes_the_stacks_default_ports() -> None:
     scraped = {
         job["job_name"]: job["static_configs"][0]["targets"] for job in data["scrape_configs"]
     }
-    expected = stack_targets(GATEWAY_PORT, ENGINE_PORT, ENGINE_PORT + 1)
+    expected = stack_targets(GATEWAY_METRICS_PORT, ENGINE_PORT, ENGINE_PORT + 1)
     assert scraped == {job: [target] for job, target in expected.items()}
 
 
@@ -196,6 +198,37 @@ def test_no_file_under_monitoring_uses_a_metric_vllm_removed() -> None:
             continue  # images
         found = [name for name in REMOVED_VLLM if re.search(rf"{re.escape(name)}(?![\w:])", text)]
         assert not found, f"{path} uses metrics vLLM 0.32 no longer exports: {found}"
+
+
+# the accounting oracle, live
+
+
+def rule_named(name: str) -> Rule:
+    (rule,) = [rule for rule in RULES if rule.name == name]
+    return rule
+
+
+def test_the_uncharged_tokens_rule_allows_each_cut_sequence_the_gateways_slack() -> None:
+    """The rules are static YAML, so the slack per cut sequence is a number written there:
+    held here to CUT_SLACK_TOKENS (serving/gateway/usage.py), which the gateway's docs, the
+    service tier's oracle and the Gateway dashboard read. It is the rule's only number (window
+    lengths and label values aside), and it multiplies the cut sequences."""
+    expr = rule_named(UNCHARGED).expr
+    factors = re.findall(
+        r"(\d+(?:\.\d+)?)\s*\*\s*sum\(increase\(gateway_engine_cut_sequences_total\{", expr
+    )
+    assert factors == [str(CUT_SLACK_TOKENS)]
+    bare = re.sub(r"\[[^\]]*\]", " ", re.sub(r"\{[^}]*\}", " ", expr))
+    assert re.findall(r"(?<![\w:])\d+(?:\.\d+)?", bare) == [str(CUT_SLACK_TOKENS)]
+
+
+def test_charges_below_engine_count_fires_on_any_gap_above_zero() -> None:
+    """The slack is the only allowance: the alert's threshold is 0, held by its `for` longer
+    than the rule's 10-minute window (a single burst leaves the window before it fires)."""
+    alert = rule_named("ChargesBelowEngineCount")
+    assert alert.expr.split() == [UNCHARGED, ">", "0"]
+    assert alert.for_ == "15m"
+    assert "[10m]" in rule_named(UNCHARGED).expr
 
 
 # the generated targets

@@ -26,10 +26,19 @@ upstream, so nothing is consumed, requests/min included, as for a refusal before
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
-from serving.gateway.quota.decision import Admission, Lease, LeaseState, RateLimitStatus, Refusal
-from serving.gateway.quota.limits import QuotaSubject, ScopedLimits, scoped_limits
+from serving.gateway.quota.decision import (
+    CONCURRENCY_RETRY_SECONDS,
+    Admission,
+    Lease,
+    LeaseState,
+    RateLimitStatus,
+    Refusal,
+    RefusalReason,
+)
+from serving.gateway.quota.limits import QuotaSubject, Scope, ScopedLimits, scoped_limits
 from serving.gateway.quota.store import QuotaStore
 
 DEFAULT_MAX_TOKENS = 4096
@@ -171,6 +180,29 @@ class QuotaEngine:
 
     async def reclaim_expired(self) -> int:
         return await self.store.reclaim_expired()
+
+    async def precheck(self, key: QuotaSubject) -> Refusal | None:
+        """The key-wide limits that need no body (concurrency, requests/min) as they stand,
+        before a large body is read: the refusal `admit` would give, or None. Not a
+        reservation: a request that passes is still admitted (or refused) by `admit`."""
+        limits = key.limits
+        if limits.max_concurrency is None and limits.rpm is None:
+            return None
+        scope = Scope(key.key_id)
+        usage = await self.store.usage(scope)
+        limit = limits.max_concurrency
+        if limit is not None and usage.in_flight + 1 > limit:
+            wait = CONCURRENCY_RETRY_SECONDS if limit > 0 else math.inf
+            return Refusal(RefusalReason.CONCURRENCY, scope, limit, usage.in_flight, 1, wait)
+        limit = limits.rpm
+        if limit is not None and usage.requests_in_window + 1 > limit:
+            status = await self.store.status((ScopedLimits(scope, limits),))
+            wait = status.requests.reset_after if status.requests is not None else math.inf
+            used = usage.requests_in_window
+            return Refusal(
+                RefusalReason.RPM, scope, limit, used, 1, wait if limit > 0 else math.inf
+            )
+        return None
 
     async def status(self, key: QuotaSubject, model: str) -> RateLimitStatus:
         """Header values for a response that did not go through `admit`."""

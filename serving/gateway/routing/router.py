@@ -63,7 +63,7 @@ class Engine:
     """One vLLM replica: its client and what this gateway knows of it."""
 
     __slots__ = (
-        "charged_tokens",
+        "accounted_tokens",
         "client",
         "cut_sequences",
         "failovers",
@@ -87,8 +87,9 @@ class Engine:
         """Requests sent to it (failover attempts included)."""
         self.failovers = 0
         """Requests that failed on it before a response and were sent to another engine."""
-        self.charged_tokens = 0
-        """Tokens charged to keys for the metered requests it served: what its own prompt and
+        self.accounted_tokens = 0
+        """Tokens charged to keys for the metered requests it served, a prompt counted once
+        per sequence run on it (as vLLM's own counters count it): what its prompt and
         generation counters must not exceed (the accounting oracle)."""
         self.cut_sequences = 0
         """Sequences (n x prompts) of those requests charged by a bound (no final usage: cut,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -421,3 +422,21 @@ async def test_a_max_tokens_the_context_cannot_hold_is_refused_before_reserving(
     assert fitted.max_tokens == 1000
     implied = admitted(await engine.admit(key, "m", 40, None, context_window=4096))
     assert implied.max_tokens == 4096 - 40
+
+
+@run_async
+async def test_precheck_gives_the_refusal_admit_would_for_limits_that_need_no_body() -> None:
+    engine, _ = make_engine()
+    key = Subject("key_a", Limits(max_concurrency=1, rpm=2))
+    assert await engine.precheck(key) is None
+    first = admitted(await engine.admit(key, "m", 1, 1))
+    busy, admission_says = await engine.precheck(key), refused(await engine.admit(key, "m", 1, 1))
+    assert busy is not None and busy.reason is RefusalReason.CONCURRENCY
+    assert replace(busy, rate_limit=admission_says.rate_limit) == admission_says
+    assert await engine.settle(first.lease, 1, 1)
+    second = admitted(await engine.admit(key, "m", 1, 1))
+    assert await engine.settle(second.lease, 1, 1)
+    late, admission_says = await engine.precheck(key), refused(await engine.admit(key, "m", 1, 1))
+    assert late is not None and late.reason is RefusalReason.RPM is admission_says.reason
+    assert admission_says.retry_after <= late.retry_after <= 61  # never sooner than admit says
+    assert await engine.precheck(Subject("key_b", Limits(tpm=10))) is None  # nothing to check
