@@ -156,6 +156,7 @@ def redis_service(demo: Rendered, tmp_path: Path) -> Iterator[str]:
         process.wait(timeout=30)
 
 
+@pytest.mark.engine_direct  # the rendered pod's own gateway charges it
 def test_the_gateway_pod_as_rendered_serves_with_its_secret_and_drains(
     demo: Rendered, stack: Stack, redis_service: str, tmp_path: Path
 ) -> None:
