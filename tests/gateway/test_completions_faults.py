@@ -72,24 +72,28 @@ def _everything_returned(gateway: GatewayServer) -> bool:
 
 # Streams are fed to the meter event by event; whole bodies are read at once.
 CASES = [
-    (step, stream)
+    (step, stream, path)
     for step in sorted(STEPS)
     for stream in (False, True)
+    for path in ("/v1/chat/completions", "/v1/completions")
     if not (step == "relay" and not stream) and not (step == "read" and stream)
 ]
 
 
-@pytest.mark.parametrize(("step", "stream"), CASES)
+@pytest.mark.parametrize(("step", "stream", "path"), CASES)
 def test_a_fault_at_any_step_is_an_openai_error_and_gives_everything_back(
-    gateway: GatewayServer, monkeypatch: pytest.MonkeyPatch, step: str, stream: bool
+    gateway: GatewayServer, monkeypatch: pytest.MonkeyPatch, step: str, stream: bool, path: str
 ) -> None:
     owner, name, replacement, answered = STEPS[step]
-    body = {"model": "fake", "messages": MESSAGES, "max_tokens": 5, "stream": stream}
+    prompt: dict[str, object] = (
+        {"messages": MESSAGES} if path == "/v1/chat/completions" else {"prompt": "hi"}
+    )
+    body = {"model": "fake", **prompt, "max_tokens": 5, "stream": stream}
     with http_client(gateway.url) as http:
-        assert http.post("/v1/chat/completions", json=body).status_code == 200  # healthy
+        assert http.post(path, json=body).status_code == 200  # healthy
         assert eventually(lambda: _everything_returned(gateway))
         monkeypatch.setattr(owner, name, replacement)
-        response = http.post("/v1/chat/completions", json=body)
+        response = http.post(path, json=body)
         monkeypatch.undo()
         if answered:  # the fault came after the whole answer was sent
             assert response.status_code == 200, response.text
@@ -103,7 +107,7 @@ def test_a_fault_at_any_step_is_an_openai_error_and_gives_everything_back(
             assert response.json()["error"]["type"] == "server_error"
         assert eventually(lambda: _everything_returned(gateway)), scrape(gateway)
         # and the key can still use all its slots
-        assert http.post("/v1/chat/completions", json={**body, "n": 3}).status_code == 200
+        assert http.post(path, json={**body, "n": 3}).status_code == 200
     errors = sum(
         count
         for (name, labels), count in scrape(gateway).items()
