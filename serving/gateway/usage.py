@@ -81,10 +81,18 @@ def usage_of(value: object, *, responses: bool = False) -> Usage | None:
     return Usage(prompt, completion)
 
 
+def _payload(event: bytes) -> bytes:
+    """The data of one SSE event: its `data:` lines joined, as SSE defines it."""
+    if b"\n" in event.rstrip():
+        return b"\n".join(
+            line[5:] for line in event.splitlines() if line.startswith(b"data:")
+        ).strip()
+    return event[5:].strip() if event.startswith(b"data:") else b""
+
+
 def _delta_bytes(event: bytes) -> int:
     """The UTF-8 bytes of a Responses delta event's `delta` text (0 when it has none)."""
-    payload = b"".join(line[5:] for line in event.splitlines() if line.startswith(b"data:"))
-    data = _loads(payload)
+    data = _loads(_payload(event))
     delta = data.get("delta") if isinstance(data, dict) else None
     return len(delta.encode()) if isinstance(delta, str) else 0
 
@@ -329,12 +337,7 @@ class ResponseMeter:
 
     def _read_event(self, event: bytes) -> bool:
         """Record usage or an error from one event; True if the event is to be dropped."""
-        if b"\n" in event.rstrip():
-            payload = b"\n".join(
-                line[5:] for line in event.splitlines() if line.startswith(b"data:")
-            ).strip()
-        else:
-            payload = event[5:].strip() if event.startswith(b"data:") else b""
+        payload = _payload(event)
         if not payload or payload == b"[DONE]":
             return False
         if self.running and b'"error"' not in payload and not _NO_CHOICES.search(payload):
