@@ -69,6 +69,18 @@ def estimate(kind: Kind, body: dict[str, Any]) -> int:
     return parse_completion_request(kind, json.dumps(body).encode()).prompt_estimate
 
 
+def on_the_engine(max_examples: int) -> settings:
+    """Hypothesis settings for examples that each send real requests: few, reproducible, no
+    deadline (the engine's pace is the machine's)."""
+    return settings(
+        max_examples=max_examples,
+        deadline=None,
+        database=None,
+        derandomize=True,
+        suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+    )
+
+
 # -- bodies --------------------------------------------------------------------------------
 
 text = st.text(
@@ -149,13 +161,7 @@ BODIES = {"chat": chat_bodies(), "completion": completion_bodies(), "responses":
 def test_vllms_prompt_count_never_exceeds_the_reservation(stack: Stack, kind: Kind) -> None:
     counted: list[tuple[int, int]] = []
 
-    @settings(
-        max_examples=25,
-        deadline=None,
-        database=None,
-        derandomize=True,
-        suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-    )
+    @on_the_engine(max_examples=25)
     @given(BODIES[kind])
     def check(body: dict[str, Any]) -> None:
         reserved = estimate(kind, body)
@@ -356,13 +362,7 @@ def test_usage_shaped_values_in_any_client_field_never_lower_the_charge(
     the fields vLLM may echo back (rule 3 of the accounting work)."""
     headers = {"Authorization": f"Bearer {stack.api_key}"}
 
-    @settings(
-        max_examples=8,
-        deadline=None,
-        database=None,
-        derandomize=True,
-        suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-    )
+    @on_the_engine(max_examples=8)
     @given(st.sampled_from(PLACES[kind]), usage_shaped, st.booleans())
     def check(place: str, value: Any, stream: bool) -> None:
         body = {**with_usage_in(kind, place, value), "stream": stream}
