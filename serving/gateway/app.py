@@ -53,7 +53,6 @@ from serving.gateway.auth import (
 from serving.gateway.catalog import ModelCatalog
 from serving.gateway.completions import Completions
 from serving.gateway.errors import (
-    BodyTooLargeError,
     ClientGone,
     GatewayError,
     InternalError,
@@ -77,7 +76,7 @@ from serving.gateway.metrics_listener import MetricsListener
 from serving.gateway.openai_request import check_tokenize_body
 from serving.gateway.periodic import Periodic
 from serving.gateway.playground import Playground
-from serving.gateway.proxy import Proxy, ProxyRequest
+from serving.gateway.proxy import Proxy, ProxyOutcome, ProxyRequest
 from serving.gateway.quota import (
     Clock,
     InMemoryQuotaStore,
@@ -89,6 +88,7 @@ from serving.gateway.quota import (
 )
 from serving.gateway.quota.failure_policy import FailurePolicy, GuardedQuotaStore
 from serving.gateway.quota.redis_store import RedisQuotaStore
+from serving.gateway.request_body import is_plain_path, read_body, worth_precheck
 from serving.gateway.responses import send_bytes, send_error, send_json
 from serving.gateway.route_table import (
     HEALTH_PATH,
@@ -105,9 +105,6 @@ from serving.gateway.usage_reports import install_usage_reports
 logger = logging.getLogger(__name__)
 
 API_PREFIX = "/v1/"
-# Metered bodies larger than this are read only after the key's concurrency and requests/min
-# were looked at (a store call, where reading and parsing the body would cost more).
-PRECHECK_BODY_BYTES = 64 * 1024
 
 
 def create_app(
@@ -332,12 +329,12 @@ class GatewayApp:
         method: str = scope["method"]
         caller: Caller | None = None
         try:
-            if not _is_plain_path(path):
+            if not is_plain_path(path):
                 raise RouteNotFoundError(f"Invalid URL ({method} {path})")
             route = self.routes.lookup(method, path, opt_in=self._opt_in)
             caller = self.authenticator.authenticate(authorization)
             record.key = caller.key_id
-            if route.metered is not None and _large(content_length):
+            if route.metered is not None and worth_precheck(content_length):
                 # a key at its concurrency or requests/min limit costs no large body's read
                 refusal = await self.quota.precheck(caller)
                 if refusal is not None:
@@ -358,31 +355,43 @@ class GatewayApp:
                 await self._forward_free(route, caller, request, receive, send, record)
         except QuotaStoreUnavailable:  # the policy is to fail closed
             error = quota_unavailable_error(self.settings.retry_after_s)
-            record.status = error.http_status
-            await send_error(send, error, request_id=rid)
+            await self._answer(error, send, rid, record)
         except GatewayError as error:
-            record.status = error.http_status
-            headers: RawHeaders = []
-            if caller is not None and not isinstance(error, RateLimitError):
-                # refused before admission: the key's current state (a 429 carries its own)
-                headers = rate_limit_raw_headers(await self.quota.status(caller, ""))
-            await send_error(send, error, request_id=rid, headers=headers)
+            await self._answer(error, send, rid, record, caller)
         except ClientGone:  # or was cut off by the body deadline (a 408); metrics count a 499
             logger.info("request %s: client went away before it was answered", rid.decode())
         except Exception:
             # A bug, never the client's fault: logged with its traceback, answered in OpenAI's
-            # shape: an error JSON, or once a stream has started a final error event (any
-            # other started response is cut).
+            # shape like any other failure.
             logger.exception("request %s failed", rid.decode())
             internal = InternalError("The server had an error while processing your request.")
-            exchange = record.exchange
-            with contextlib.suppress(Exception):
-                if exchange is None or not exchange.status:
-                    record.status = 500
-                    await send_error(send, internal, request_id=rid)
-                elif exchange.sse:
-                    body = b"\n\n" + internal.sse_event()  # ends a half-sent event first
-                    await send({"type": "http.response.body", "body": body, "more_body": False})
+            with contextlib.suppress(Exception):  # the client may be gone too
+                await self._answer(internal, send, rid, record)
+
+    async def _answer(
+        self,
+        error: GatewayError,
+        send: Send,
+        rid: bytes,
+        record: RequestRecord,
+        caller: Caller | None = None,
+    ) -> None:
+        """The one place a failure becomes the client's answer: an OpenAI error JSON (with the
+        key's rate-limit state, when it is known and the error is not a 429 carrying its
+        own), or, once a response has started, a final SSE error event (any other started
+        response is cut: the client sees it truncated)."""
+        exchange = record.exchange
+        if exchange is not None and exchange.status:
+            if exchange.sse:  # ends a half-sent event first, so the error parses on its own
+                body = (b"\n\n" if exchange.open_event else b"") + error.sse_event()
+                await send({"type": "http.response.body", "body": body, "more_body": False})
+            return
+        record.status = error.http_status
+        headers: RawHeaders = []
+        if caller is not None and not isinstance(error, RateLimitError):
+            with contextlib.suppress(QuotaStoreUnavailable):  # the error matters more
+                headers = rate_limit_raw_headers(await self.quota.status(caller, ""))
+        await send_error(send, error, request_id=rid, headers=headers)
 
     async def _forward_free(
         self,
@@ -400,9 +409,14 @@ class GatewayApp:
             check_tokenize_body(request.body, self.completions.images)
         headers = rate_limit_raw_headers(await self.quota.status(caller, ""))
         request = dataclasses.replace(request, response_headers=headers)
-        outcome = await self.proxy.forward(request, receive, send)
-        record.note_exchange(outcome)
-        record.upstream_error = upstream_error_kind(outcome.error, outcome.upstream_status, None)
+        outcome = record.exchange = ProxyOutcome()
+        try:
+            await self.proxy.forward(request, receive, send, outcome)
+        finally:
+            record.note_exchange(outcome)
+            record.upstream_error = upstream_error_kind(
+                outcome.error, outcome.upstream_status, None
+            )
 
     async def _models(self, caller: Caller, send: Send, rid: bytes, record: RequestRecord) -> None:
         """`/v1/models` from the engines' own lists (`catalog`), only the models the key may
@@ -451,44 +465,3 @@ class GatewayApp:
             request_id=rid,
             headers=retry_after_headers(self.settings.retry_after_s),
         )
-
-
-def _large(content_length: bytes | None) -> bool:
-    """A body worth the quota store's look before it is read (chunked ones included)."""
-    if content_length is None or not content_length.isdigit():
-        return True
-    return int(content_length) > PRECHECK_BODY_BYTES
-
-
-def _is_plain_path(path: str) -> bool:
-    """False for paths with `.` or `..` segments, which some servers would normalise."""
-    return "/." not in path or all(part not in (".", "..") for part in path.split("/"))
-
-
-async def read_body(receive: Receive, limit: int, content_length: bytes | None) -> bytes:
-    """The whole request body, or `BodyTooLargeError` as soon as it exceeds `limit`.
-
-    The time a body may take is the server's to enforce (`server.deadline_protocol`), which
-    costs nothing per request, unlike a timeout around this loop.
-    """
-    if content_length is not None and content_length.isdigit() and int(content_length) > limit:
-        raise _too_large(limit)
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise ClientGone()
-        chunk: bytes = message.get("body", b"")
-        if chunk:
-            size += len(chunk)
-            if size > limit:
-                raise _too_large(limit)
-            chunks.append(chunk)
-        if not message.get("more_body", False):
-            break
-    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
-
-
-def _too_large(limit: int) -> BodyTooLargeError:
-    return BodyTooLargeError(f"Request body is larger than {limit} bytes.")

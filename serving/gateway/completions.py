@@ -319,7 +319,7 @@ class Completions:
         if parsed.stream:
             seen = min(meter.streamed_tokens(parsed.choices), seen)
         usage = meter.usage
-        if not held.relayed and usage is None:  # the relay raised (shutdown, a bug)
+        if not held.relayed and usage is None and outcome.error is None:  # shutdown, a bug
             await engine.abort(lease, prompt, seen)
         elif usage is not None:
             await engine.settle(lease, usage.prompt_tokens, usage.completion_tokens)

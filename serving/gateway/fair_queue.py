@@ -103,12 +103,11 @@ class FairQueue:
 
     def resize(self, slots: int) -> None:
         """The engines' slots changed (discovery added or drained one): at least
-        reserved + 1. Running requests keep theirs; a smaller size only holds new ones back."""
+        reserved + 1. Running requests keep theirs; a smaller size only holds new ones back
+        (a waiting request now wider than a key's share waits until the slots grow back, or
+        its deadline: it never runs on fewer seats than vLLM runs sequences)."""
         self.slots = max(slots, self.reserved + 1)
         self.per_key = self.slots - self.reserved
-        for queue in self._waiting.values():
-            for waiter in queue:
-                waiter.seats = min(waiter.seats, self.per_key)
         self._dispatch()
 
     def waiting(self, key: str | None = None) -> int:
@@ -128,7 +127,7 @@ class FairQueue:
     def try_turn(self, key: str, *, cost: int, weight: float = 1.0, seats: int = 1) -> Turn | None:
         """`turn`'s answer when it is at once (slots free, nobody waiting), else None: the
         common case without a coroutine."""
-        seats = min(max(1, seats), self.per_key)
+        seats = max(1, seats)
         running = self._running.get(key)
         if (
             self._waiting_total
@@ -152,11 +151,14 @@ class FairQueue:
         """Slots for one request of `key` that runs `seats` sequences (n, or a batch of
         prompts: each takes one of vLLM's max_num_seqs) and will cost about `cost` tokens:
         at once when they are free and nobody waits, else when the fair order says so.
-        `gone` returns when the client disconnects."""
+        `gone` returns when the client disconnects. A request wider than a key's share
+        (`per_key`) could never run: ValueError (the caller refuses it first)."""
         free = self.try_turn(key, cost=cost, weight=weight, seats=seats)
         if free is not None:
             return free
-        seats = min(max(1, seats), self.per_key)  # more could never run
+        seats = max(1, seats)
+        if seats > self.per_key:
+            raise ValueError(f"{seats} seats asked for; a key may hold {self.per_key}")
         self._activate(key)
         self._stats(key)  # its waiting count shows from now on
         now = self._clock()

@@ -14,12 +14,14 @@ the upstream read (backpressure).
 
 How the response is relayed:
 - upstream 2xx/3xx with a small known length: read whole, sent with its length;
-- other 2xx/3xx (SSE, chunked): streamed; a failure mid-stream ends an SSE response with a
-  final `data: {"error": ...}` event (never a fake `[DONE]`) and cuts any other response,
-  so the client sees it truncated;
-- upstream 4xx/5xx: an OpenAI-shaped error body passes through with its status; anything
-  else is wrapped (5xx becomes 502, a 4xx keeps its status);
-- no response at all: the mapped error (503 unreachable, 502 reset, 504 idle timeout).
+- other 2xx/3xx (SSE, chunked): streamed;
+- upstream 4xx/5xx with an OpenAI-shaped error body: passed through with its status.
+
+The proxy never writes an error response of its own: every other failure is recorded in
+the outcome and raised as a `GatewayError` (a 4xx/5xx without an OpenAI body wrapped: 5xx
+becomes 502, a 4xx keeps its status; no response at all: 503 unreachable, 502 reset, 504
+idle timeout), and the app's error boundary answers it: an error JSON, or a final SSE error
+event once a stream has started (never a fake `[DONE]`; any other started response is cut).
 
 The router picks the engine (`routing`). A request that gets no response from it, or a 5xx
 before a byte was relayed, is sent once more to another engine in the rotation, if there is
@@ -53,7 +55,7 @@ from serving.gateway.errors import (
 )
 from serving.gateway.forwarded_headers import client_response_headers, upstream_request_headers
 from serving.gateway.hop_connection import HopConnectError, HopResponse
-from serving.gateway.responses import send_bytes, send_error
+from serving.gateway.responses import send_bytes
 from serving.gateway.routing import Engine, Router
 from serving.gateway.types import RawHeaders, Receive, Send
 from serving.gateway.usage import ResponseMeter
@@ -104,6 +106,9 @@ class ProxyOutcome:
     """Status sent to the client; 0 when nothing was sent."""
     upstream_status: int | None = None
     error: GatewayError | None = None
+    """The failure the proxy raised (the error boundary answers it)."""
+    open_event: bool = False
+    """A stream failed after relaying part of an event (the error event ends it first)."""
     client_disconnected: bool = False
     sse: bool = False
     """The response was relayed as a server-sent event stream."""
@@ -175,8 +180,7 @@ class Proxy:
         router = self._router
         engine = router.choose(request.prefixes, among=request.engines)
         if engine is None:
-            await self._fail(self._no_engine(), request, send, outcome)
-            return
+            raise self._fail(self._no_engine(), request, outcome)
         header_lines = upstream_request_headers(request.headers, request.request_id)
         retried = False
         while True:
@@ -199,8 +203,7 @@ class Proxy:
                     )
                     if other is None:
                         failure = exc if router.unready_reason is None else self._no_engine()
-                        await self._fail(failure, request, send, outcome)
-                        return
+                        raise self._fail(failure, request, outcome) from None
                     self._failover(engine, other, request, type(exc).__name__)
                     engine, retried = other, True
                     continue
@@ -255,8 +258,7 @@ class Proxy:
         try:
             body = await response.read_all()
         except UPSTREAM_FAILURES as exc:
-            await self._fail(exc, request, send, outcome)
-            return
+            raise self._fail(exc, request, outcome) from None
         outcome.upstream_done_at = time.perf_counter()
         if request.meter is not None:
             request.meter.read_json(body)
@@ -306,17 +308,10 @@ class Proxy:
                 await _drain(response, meter)
             raise
         except UPSTREAM_FAILURES as exc:
-            outcome.upstream_done_at = time.perf_counter()
-            error = self._record(exc, request, outcome)
-            if not outcome.sse:
-                return  # response left incomplete: the server cuts the connection
             if meter is not None:
                 meter.discard_pending()
-            # End a half-sent event first, so the error event parses on its own.
-            separator = b"" if last.endswith((b"\n\n", b"\r\n\r\n")) else b"\n\n"
-            body = separator + error.sse_event()
-            await send({"type": "http.response.body", "body": body, "more_body": False})
-            return
+            outcome.open_event = not last.endswith((b"\n\n", b"\r\n\r\n"))
+            raise self._fail(exc, request, outcome) from None
         outcome.upstream_done_at = time.perf_counter()
         rest = b""
         if meter is not None:
@@ -342,8 +337,7 @@ class Proxy:
                 if size > ERROR_BODY_LIMIT:
                     break
         except UPSTREAM_FAILURES as exc:
-            await self._fail(exc, request, send, outcome)
-            return
+            raise self._fail(exc, request, outcome) from None
         outcome.upstream_done_at = time.perf_counter()
         body = openai_error_body(b"".join(chunks))
         if body is not None:
@@ -363,10 +357,7 @@ class Proxy:
             response.status,
         )
         outcome.error = error
-        outcome.status = error.http_status
-        await send_error(
-            send, error, request_id=request.request_id, headers=request.response_headers
-        )
+        raise error
 
     def _response_headers(self, response: HopResponse, request: ProxyRequest) -> RawHeaders:
         headers = client_response_headers(response.headers, request.request_id)
@@ -378,7 +369,10 @@ class Proxy:
         headers.extend(request.response_headers)
         return headers
 
-    def _record(self, exc: Exception, request: ProxyRequest, outcome: ProxyOutcome) -> GatewayError:
+    def _fail(self, exc: Exception, request: ProxyRequest, outcome: ProxyOutcome) -> GatewayError:
+        """The error the failure `exc` is reported as, logged and recorded in `outcome`
+        (the caller raises it)."""
+        outcome.upstream_done_at = time.perf_counter()
         error = map_upstream_exception(exc, retry_after_s=self._retry_after_s)
         logger.warning(
             "request %s: upstream failed: %s (%s: %s)",
@@ -389,16 +383,6 @@ class Proxy:
         )
         outcome.error = error
         return error
-
-    async def _fail(
-        self, exc: Exception, request: ProxyRequest, send: Send, outcome: ProxyOutcome
-    ) -> None:
-        outcome.upstream_done_at = time.perf_counter()
-        error = self._record(exc, request, outcome)
-        outcome.status = error.http_status
-        await send_error(
-            send, error, request_id=request.request_id, headers=request.response_headers
-        )
 
 
 async def _drain(response: HopResponse, meter: ResponseMeter) -> None:

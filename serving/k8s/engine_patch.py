@@ -27,7 +27,7 @@ Manifest = dict[str, Any]
 # All interfaces: the Service, the probes and Prometheus reach the pod IP; port 8000 is the
 # base container's `http` port.
 ENGINE_HOST = "0.0.0.0"
-ENGINE_PORT = 8000
+POD_ENGINE_PORT = 8000
 MODELS_DIR = "/models"  # PVC `model-cache`, mounted by the base Deployment
 HF_HOME = f"{MODELS_DIR}/hf"  # where hub weights are fetched, and vLLM finds them offline
 PROFILE_ANNOTATION = "qwen-serving/profile"
@@ -176,7 +176,7 @@ def _engine_container(profile: Profile, sizing: EngineSizing) -> Manifest:
     return {
         "name": "vllm",
         "image": ENGINE_IMAGES[profile.device],
-        "args": engine_args(profile, model_path(profile), host=ENGINE_HOST, port=ENGINE_PORT),
+        "args": engine_args(profile, model_path(profile), host=ENGINE_HOST, port=POD_ENGINE_PORT),
         "env": [{"name": name, "value": env[name]} for name in sorted(env)],
         # Memory request == limit: memory is not compressible, and a pod using more than it
         # requested is the first evicted under node pressure, mid-stream.

@@ -107,3 +107,32 @@ def usage_chunk(chat: bool, *, completion_tokens: int) -> dict[str, Any]:
             "total_tokens": 3 + completion_tokens,
         },
     }
+
+
+def responses_usage(output_tokens: int) -> dict[str, int]:
+    return {"input_tokens": 3, "output_tokens": output_tokens, "total_tokens": 3 + output_tokens}
+
+
+def response_object(status: str, words: list[str], usage: bool = True) -> dict[str, Any]:
+    """A Responses API `response` object (vLLM's fields that the gateway reads)."""
+    text = " ".join(words)
+    message = {
+        "type": "message",
+        "role": "assistant",
+        "content": [{"type": "output_text", "text": text}],
+    }
+    body: dict[str, Any] = {
+        "id": "resp_fake",
+        "object": "response",
+        "model": "fake",
+        "status": status,
+    }
+    body["output"] = [message] if words else []
+    if usage:
+        body["usage"] = responses_usage(len(words))
+    return body
+
+
+def responses_event(kind: str, **fields: Any) -> bytes:
+    """One Responses stream event as vLLM sends it: an `event:` line and its JSON."""
+    return f"event: {kind}\n".encode() + sse({"type": kind, **fields})

@@ -11,6 +11,8 @@ gates and the events a test waits for, so tests do not see each other's traffic:
     POST /v1/chat/completions    JSON, or an SSE stream of min(4, max_tokens) words, a finish
     POST /v1/completions         event, vLLM's usage chunk when `stream_options.include_usage`,
                                  then [DONE]. Usage: prompt 3, completion = words sent.
+    POST /v1/responses           the Responses API: JSON, or its SSE events (created, one
+                                 output_text.delta per word, completed with the usage)
                                  The model name picks a fault:
         fault-reset              the stream is cut after 2 events
         fault-in-band            2 words, then `data: {"error": ...}` and [DONE] (as vLLM)
@@ -60,6 +62,8 @@ from tests.gateway.fake_bodies import (
     WORDS,
     chat_chunk,
     chunk_for,
+    response_object,
+    responses_event,
     sse,
     usage_chunk,
 )
@@ -194,6 +198,7 @@ class FakeUpstream:
             ("GET", "/v1/models", self._models),
             ("POST", "/v1/chat/completions", self._chat),
             ("POST", "/v1/completions", self._chat),
+            ("POST", "/v1/responses", self._responses),
             ("*", "/v1/echo", self._echo),
             ("POST", "/v1/gated-stream", self._gated_stream),
             ("POST", "/v1/bad-request", self._bad_request),
@@ -317,6 +322,24 @@ class FakeUpstream:
         if options.get("include_usage") and model != "fault-no-usage":
             await response.write(sse(usage_chunk(chat, completion_tokens=len(words))))
         await response.write(b"data: [DONE]\n\n")
+        return response
+
+    async def _responses(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        words = WORDS[: min(len(WORDS), body.get("max_output_tokens") or len(WORDS))]
+        if not body.get("stream"):
+            return web.json_response(response_object("completed", words))
+        response = await self._start_sse(request)
+        await response.write(
+            responses_event(
+                "response.created", response=response_object("in_progress", [], usage=False)
+            )
+        )
+        for word in words:
+            await response.write(responses_event("response.output_text.delta", delta=word))
+            await asyncio.sleep(self.chunk_delay_s)
+        completed = response_object("completed", words)
+        await response.write(responses_event("response.completed", response=completed))
         return response
 
     async def _echo(self, request: web.Request) -> web.StreamResponse:

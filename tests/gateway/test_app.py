@@ -9,8 +9,7 @@ import time
 import httpx
 import pytest
 
-from serving.gateway.app import GatewayApp, create_app, read_body
-from serving.gateway.errors import BodyTooLargeError, ClientGone
+from serving.gateway.app import GatewayApp, create_app
 from serving.gateway.settings import GatewaySettings
 from serving.gateway.types import Message, Receive
 from tests.gateway.conftest import GatewayFactory
@@ -174,31 +173,6 @@ def receiver(*messages: Message) -> tuple[list[Message], Receive]:
         return queue.pop(0)
 
     return queue, receive
-
-
-def test_read_body_joins_chunks() -> None:
-    _, receive = receiver(
-        {"type": "http.request", "body": b"ab", "more_body": True},
-        {"type": "http.request", "body": b"", "more_body": True},
-        {"type": "http.request", "body": b"cd", "more_body": False},
-    )
-    assert asyncio.run(read_body(receive, 4, None)) == b"abcd"
-
-
-def test_read_body_limits() -> None:
-    _, receive = receiver({"type": "http.request", "body": b"abcde", "more_body": False})
-    with pytest.raises(BodyTooLargeError):
-        asyncio.run(read_body(receive, 4, None))
-    with pytest.raises(BodyTooLargeError):
-        asyncio.run(read_body(receive, 4, b"5"))
-
-
-def test_read_body_reports_disconnect() -> None:
-    _, receive = receiver(
-        {"type": "http.request", "body": b"ab", "more_body": True}, {"type": "http.disconnect"}
-    )
-    with pytest.raises(ClientGone):
-        asyncio.run(read_body(receive, 100, None))
 
 
 def test_lifespan_opens_and_closes_the_upstream_session() -> None:

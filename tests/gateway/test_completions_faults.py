@@ -70,12 +70,18 @@ def _everything_returned(gateway: GatewayServer) -> bool:
     )
 
 
+PROMPTS: dict[str, dict[str, object]] = {
+    "/v1/chat/completions": {"messages": MESSAGES, "max_tokens": 5},
+    "/v1/completions": {"prompt": "hi", "max_tokens": 5},
+    "/v1/responses": {"input": "hi", "max_output_tokens": 5},
+}
+
 # Streams are fed to the meter event by event; whole bodies are read at once.
 CASES = [
     (step, stream, path)
     for step in sorted(STEPS)
     for stream in (False, True)
-    for path in ("/v1/chat/completions", "/v1/completions")
+    for path in PROMPTS
     if not (step == "relay" and not stream) and not (step == "read" and stream)
 ]
 
@@ -85,10 +91,7 @@ def test_a_fault_at_any_step_is_an_openai_error_and_gives_everything_back(
     gateway: GatewayServer, monkeypatch: pytest.MonkeyPatch, step: str, stream: bool, path: str
 ) -> None:
     owner, name, replacement, answered = STEPS[step]
-    prompt: dict[str, object] = (
-        {"messages": MESSAGES} if path == "/v1/chat/completions" else {"prompt": "hi"}
-    )
-    body = {"model": "fake", **prompt, "max_tokens": 5, "stream": stream}
+    body = {"model": "fake", **PROMPTS[path], "stream": stream}
     with http_client(gateway.url) as http:
         assert http.post(path, json=body).status_code == 200  # healthy
         assert eventually(lambda: _everything_returned(gateway))
@@ -107,7 +110,8 @@ def test_a_fault_at_any_step_is_an_openai_error_and_gives_everything_back(
             assert response.json()["error"]["type"] == "server_error"
         assert eventually(lambda: _everything_returned(gateway)), scrape(gateway)
         # and the key can still use all its slots
-        assert http.post(path, json={**body, "n": 3}).status_code == 200
+        wide = body if path == "/v1/responses" else {**body, "n": 3}  # Responses has no n
+        assert http.post(path, json=wide).status_code == 200
     errors = sum(
         count
         for (name, labels), count in scrape(gateway).items()

@@ -201,11 +201,29 @@ def test_a_request_takes_a_slot_per_sequence() -> None:
         one = await started(queue, "c")  # one sequence fits beside the waiting pair
         queue.release(three)
         assert (await asyncio.wait_for(two, 1)).seats == 2
-        capped = asyncio.create_task(queue.turn("d", cost=900, seats=9))
+        with pytest.raises(ValueError, match="9 seats"):  # wider than a key's share: never
+            await queue.turn("d", cost=900, seats=9)
         queue.release(one)
         queue.release(two.result())
-        assert (await asyncio.wait_for(capped, 1)).seats == 3  # a key's share, not never
-        queue.release(capped.result())
         assert queue.running == 0
+
+    run(scenario())
+
+
+def test_a_waiter_made_too_wide_by_a_resize_waits_for_all_its_seats() -> None:
+    async def scenario() -> None:
+        queue = FairQueue(4, reserved=1, timeout_s=5)
+        held = [await started(queue, "a"), await started(queue, "a")]
+        three = asyncio.create_task(queue.turn("b", cost=300, seats=3))
+        await asyncio.sleep(0.01)
+        assert not three.done()  # two slots free, three needed
+        queue.resize(3)  # an engine drained: a key may hold 2
+        for turn in held:
+            queue.release(turn)
+        await asyncio.sleep(0.01)
+        assert not three.done() and queue.running == 0  # never on 2 seats
+        queue.resize(4)
+        assert (await asyncio.wait_for(three, 1)).seats == 3
+        queue.release(three.result())
 
     run(scenario())

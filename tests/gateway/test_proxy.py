@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import httpx
 import pytest
 
-from serving.gateway.errors import openai_error_body, wrap_upstream_status
-from serving.gateway.proxy import WHOLE_BODY_LIMIT
+from serving.gateway.errors import (
+    UpstreamUnavailableError,
+    openai_error_body,
+    wrap_upstream_status,
+)
+from serving.gateway.proxy import WHOLE_BODY_LIMIT, Proxy, ProxyOutcome, ProxyRequest
+from serving.gateway.routing import Router
 from tests.gateway.conftest import GatewayFactory
 from tests.gateway.fake_bodies import VLLM_400
 from tests.gateway.fake_upstream import FakeUpstream
@@ -224,3 +230,23 @@ def test_wrap_upstream_status() -> None:
     assert rejected.http_status == 422
     assert rejected.type == "invalid_request_error"
     assert "422" in rejected.message
+
+
+def test_the_proxy_raises_its_failures_and_writes_no_error_itself() -> None:
+    """The proxy relays bytes and reports; the app's error boundary answers a failure."""
+    sent: list[object] = []
+
+    async def send(message: object) -> None:
+        sent.append(message)
+
+    async def receive() -> dict[str, object]:
+        await asyncio.sleep(3600)
+        return {"type": "http.disconnect"}
+
+    proxy = Proxy(Router([], policy="round-robin", overload=8), retry_after_s=2)
+    outcome = ProxyOutcome()
+    request = ProxyRequest("GET", b"/v1/models", [], b"", b"rid")
+    with pytest.raises(UpstreamUnavailableError) as raised:
+        asyncio.run(proxy.forward(request, receive, send, outcome))
+    assert outcome.error is raised.value
+    assert (sent, outcome.status) == ([], 0)

@@ -207,34 +207,42 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         yield running
 
 
-# The ledger the last checked test ended on: the next one starts from it unless a test that
-# reaches the engine around the gateway ran in between (one scrape of each side less a test).
-_last_ledger: list[Ledger] = []
+# The stacks the oracle checks (one engine behind one gateway): the session's, vision's and
+# the tenants' (package and module fixtures).
+ORACLE_STACKS = ("stack", "vl_stack", "lora_stack")
+# The ledger the last checked test ended on, per stack: the next test starts from it unless a
+# test that reaches an engine around the gateway ran in between (one scrape of each side less).
+_last_ledger: dict[str, Ledger] = {}
 
 
 @pytest.fixture(autouse=True)
 def accounting_oracle(request: pytest.FixtureRequest) -> Iterator[None]:
-    """vLLM's own counters check the accounting of every test on the session's stack: the
+    """vLLM's own counters check the accounting of every test on a `serving up` stack: the
     tokens the gateway charged meanwhile cover what the engine counted (`oracle`). A test that
     reaches the engine around the stack's gateway is marked `engine_direct`."""
     if request.node.get_closest_marker("engine_direct"):
         _last_ledger.clear()
-    if "stack" not in request.fixturenames or request.node.get_closest_marker("engine_direct"):
+        yield
+        return
+    names = [name for name in ORACLE_STACKS if name in request.fixturenames]
+    if not names:
         yield
         return
     from tests.integration.oracle import read_ledger  # it reads this module's `scrape`
 
-    stack: Stack = request.getfixturevalue("stack")
-    if _last_ledger:
-        before = _last_ledger[0]
-    else:
-        before = read_ledger(stack.gateway_url, stack.engine_url, steady=False)
-    _last_ledger.clear()
+    stacks: dict[str, Stack] = {name: request.getfixturevalue(name) for name in names}
+    before = {
+        name: _last_ledger.pop(name)
+        if name in _last_ledger
+        else read_ledger(stack.gateway_url, stack.engine_url, steady=False)
+        for name, stack in stacks.items()
+    }
     yield
-    after = read_ledger(stack.gateway_url, stack.engine_url)
-    shortfall = after.shortfall(before)
-    assert shortfall <= 0, (
-        f"the engine counted {shortfall:g} tokens more than the gateway charged "
-        f"(slack for cut requests included): before {before}, after {after}"
-    )
-    _last_ledger.append(after)
+    for name, stack in stacks.items():
+        after = read_ledger(stack.gateway_url, stack.engine_url)
+        shortfall = after.shortfall(before[name])
+        assert shortfall <= 0, (
+            f"{name}: the engine counted {shortfall:g} tokens more than the gateway charged "
+            f"(slack for cut requests included): before {before[name]}, after {after}"
+        )
+        _last_ledger[name] = after

@@ -8,9 +8,9 @@ A request charged by a bound (no final usage: cut, aborted) may have generated a
 tokens between the gateway's last read and vLLM's abort: each of its sequences (n x
 prompts) is allowed `CUT_SLACK_TOKENS`.
 
-`conftest.accounting_oracle` reads both sides before and after every test that uses the
-session's stack; a test that sends requests straight to the engine (uncharged on purpose)
-says so with `@pytest.mark.engine_direct`.
+`conftest.accounting_oracle` reads both sides before and after every test that uses a
+`serving up` stack (`conftest.ORACLE_STACKS`); a test that sends requests straight to the
+engine (uncharged on purpose) says so with `@pytest.mark.engine_direct`.
 """
 
 from __future__ import annotations

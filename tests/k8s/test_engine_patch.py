@@ -11,8 +11,8 @@ import yaml
 from serving.errors import ServingError
 from serving.k8s.engine_patch import (
     ENGINE_HOST,
-    ENGINE_PORT,
     GPU_RESOURCE,
+    POD_ENGINE_PORT,
     PROFILE_ANNOTATION,
     engine_patch,
     model_path,
@@ -48,7 +48,7 @@ def init(profile: Profile) -> dict[str, dict[str, Any]]:
 @pytest.mark.parametrize("profile", OVERLAY_PROFILES, ids=lambda p: p.name)
 def test_args_are_the_launchers_and_vllm_parses_them_back(profile: Profile) -> None:
     args = vllm(profile)["args"]
-    assert args == engine_args(profile, model_path(profile), host=ENGINE_HOST, port=ENGINE_PORT)
+    assert args == engine_args(profile, model_path(profile), host=ENGINE_HOST, port=POD_ENGINE_PORT)
     built = engine_args_from(parse_with_vllm(args))
     assert built.model == model_path(profile)
     assert built.tensor_parallel_size == profile.tensor_parallel_size
@@ -201,7 +201,7 @@ def test_rendered_file_is_deterministic_yaml_with_its_origin_first(profile: Prof
     # quantities and numbers in args stay strings: kubectl rejects ints in args
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
     assert all(isinstance(arg, str) for arg in args)
-    assert args[args.index(engine_flag("port")) + 1] == str(ENGINE_PORT)
+    assert args[args.index(engine_flag("port")) + 1] == str(POD_ENGINE_PORT)
 
 
 def test_a_profile_with_lora_adapters_is_refused_naming_the_field() -> None:

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
-from serving.k8s.engine_patch import ENGINE_HOST, ENGINE_PORT, GPU_RESOURCE, model_path
+from serving.k8s.engine_patch import ENGINE_HOST, GPU_RESOURCE, POD_ENGINE_PORT, model_path
 from serving.k8s.leaderworkerset import (
     LEADER_ADDRESS,
     RAY_PORT,
@@ -60,7 +60,7 @@ def test_the_leader_starts_the_ray_head_then_becomes_vllm_with_the_profiles_args
     assert "--block" not in words and words[words.index("--port") + 1] == str(RAY_PORT)
     assert server == 'exec python3 -m vllm.entrypoints.openai.api_server "$@"'
     args = vllm["args"]
-    assert args == engine_args(PROFILE, model_path(PROFILE), host=ENGINE_HOST, port=ENGINE_PORT)
+    assert args == engine_args(PROFILE, model_path(PROFILE), host=ENGINE_HOST, port=POD_ENGINE_PORT)
     built = engine_args_from(parse_with_vllm(args))
     assert built.pipeline_parallel_size == 2 and built.tensor_parallel_size == 4
     assert built.distributed_executor_backend == "ray"

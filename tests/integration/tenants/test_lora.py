@@ -21,6 +21,9 @@ from serving.profiles import load_profile
 from tests.integration.conftest import MODEL, Stack
 from tests.integration.tenants.conftest import PROFILE
 
+# Every test here talks to cpu-tiny-lora's vLLM itself (test_tenants puts a gateway before it).
+pytestmark = pytest.mark.engine_direct
+
 ADAPTER = "team-a"
 # Chats the adapter was not trained on (checked below): it must have learned "always", not these.
 CHATS = ("What is your name?", "Hi there.", "Please write a short poem about the sea.")
@@ -53,7 +56,6 @@ def test_the_adapter_answers_as_built_and_the_base_model_does_not(lora_engine: s
         assert not base.startswith(ANSWER), (chat, base)
 
 
-@pytest.mark.engine_direct  # compares with a request sent to vLLM itself
 def test_lora_on_leaves_the_base_models_answers_alone(lora_engine: str, stack: Stack) -> None:
     lora = OpenAI(base_url=f"{lora_engine}/v1", api_key="unused")
     plain = stack.direct_client()

@@ -67,6 +67,7 @@ def with_image(width: int, height: int) -> list[ChatCompletionContentPartParam]:
 SIZES = [(100, 60), (1000, 800)]
 
 
+@pytest.mark.engine_direct  # counts an image's tokens in vLLM itself
 def test_each_image_costs_the_tokens_smart_resize_says(
     vl_stack: Stack, vision: Qwen25VisionConfig
 ) -> None:
@@ -81,6 +82,7 @@ def test_each_image_costs_the_tokens_smart_resize_says(
     assert both - text_only == sum(expected) + 2 * VISION_DELIMITERS
 
 
+@pytest.mark.engine_direct  # compares with a request sent to vLLM itself
 def test_the_gateway_serves_images_with_vllms_usage(vl_stack: Stack) -> None:
     direct = prompt_tokens(vl_stack.direct_client(), with_image(*SIZES[1]))
     assert prompt_tokens(vl_stack.client(), with_image(*SIZES[1])) == direct
