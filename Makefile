@@ -16,8 +16,10 @@ GATEWAY_METRICS_PORT ?= $(shell $(PYTHON) -c \
   'from serving.ports import GATEWAY_METRICS_PORT; print(GATEWAY_METRICS_PORT)')
 # vLLM engines `make up` runs, the gateway routing over them: `make up REPLICAS=2`.
 REPLICAS ?= 1
-# `make monitor`'s Prometheus (http://127.0.0.1:$(PROM_PORT)).
-PROM_PORT ?= 9090
+# `make monitor`'s Prometheus (http://127.0.0.1:$(PROM_PORT)); its default is
+# monitoring/prometheus/__init__.py's, read the same way.
+PROM_PORT ?= $(shell $(PYTHON) -c \
+  'from monitoring.prometheus import PROMETHEUS_PORT; print(PROMETHEUS_PORT)')
 
 .PHONY: up monitor check test lint typecheck docs venv system-deps k8s-tools k8s-check loadtest loadtest-crosscheck loadtest-memory bench bench-routing bench-fairness bench-stream-usage clean
 

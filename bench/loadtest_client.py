@@ -6,7 +6,7 @@ process with no delays, so the process time measured is the client's own work pe
 what limits how much load one Locust process can generate.
 
 Usage: `.venv/bin/python bench/loadtest_client.py [--requests 300]`; writes
-bench/results/loadtest-client.json.
+bench/results/loadtest-client/<date>.json.
 """
 
 from __future__ import annotations
@@ -17,8 +17,11 @@ import socket
 import subprocess
 import sys
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+from serving.models.tiny_model import MODEL_NAME
 
 ROOT = Path(__file__).resolve().parents[1]
 CLIENTS = ("geventhttpclient", "requests", "openai")
@@ -27,7 +30,7 @@ TOKENS = 64
 
 def body() -> dict[str, Any]:
     return {
-        "model": "qwen3-tiny",
+        "model": MODEL_NAME,
         "messages": [{"role": "user", "content": "hello " * 20}],
         "max_tokens": TOKENS,
         "stream": True,
@@ -72,7 +75,7 @@ def run_client(name: str, url: str, count: int) -> float:
 
         def one() -> int:
             stream = sdk.chat.completions.create(
-                model="qwen3-tiny",
+                model=MODEL_NAME,
                 messages=[{"role": "user", "content": "hello " * 20}],
                 max_tokens=TOKENS,
                 stream=True,
@@ -126,10 +129,22 @@ def main() -> None:
     print(f"{'client':<18}{'CPU ms/request':>16}{'vs geventhttpclient':>22}")
     for name, seconds in results.items():
         print(f"{name:<18}{seconds * 1000:>16.2f}{seconds / base:>21.1f}x")
-    out_dir = ROOT / "bench" / "results"
+    sys.path.insert(0, str(ROOT))  # run as a file, the checkout is not on the path
+    from bench.results_files import RESULTS_DIR, loadavg, machine, run_stem
+
+    created = datetime.now(UTC).replace(microsecond=0).isoformat()
+    record = {
+        "created": created,
+        "machine": {**machine(), "loadavg_after": loadavg()},
+        "tokens_per_request": TOKENS,
+        "requests": args.requests,
+        "cpu_s_per_request": results,
+    }
+    out_dir = RESULTS_DIR / "loadtest-client"
     out_dir.mkdir(parents=True, exist_ok=True)
-    record = {"tokens_per_request": TOKENS, "requests": args.requests, "cpu_s_per_request": results}
-    (out_dir / "loadtest-client.json").write_text(json.dumps(record, indent=2) + "\n")
+    path = out_dir / f"{run_stem(out_dir, created)}.json"
+    path.write_text(json.dumps(record, indent=2) + "\n")
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ from serving.engine.launcher_metrics import LauncherMetrics
 from serving.engine.load_stats import LoadStats
 from serving.gateway.fair_queue import FairQueue
 from serving.gateway.metrics import GatewayMetrics, RequestRecord
+from serving.models.tiny_model import MODEL_NAME
 
 SUFFIXES = {"gauge": ("",), "counter": ("_total",), "histogram": ("_bucket", "_sum", "_count")}
 _DECLARATION = re.compile(r'self\._(gauge|counter|histogram)_cls\(\s*name="(vllm:[a-z0-9_]+)"')
@@ -61,7 +62,7 @@ def gateway_names() -> set[str]:
     queue.release(asyncio.run(queue.turn("key_a", cost=16)))  # a key with queue series
     metrics = GatewayMetrics(engines=lambda: [_Engine()], discovery_errors=lambda: 0, queue=queue)
     served = RequestRecord(
-        started=1.0, key="key_a", model="qwen3-tiny", status=200, prompt_tokens=12,
+        started=1.0, key="key_a", model=MODEL_NAME, status=200, prompt_tokens=12,
         completion_tokens=4, upstream_error="in_band", forwarded_at=1.001, first_byte_at=1.2,
         upstream_done_at=1.5,
     )  # fmt: skip
@@ -71,7 +72,7 @@ def gateway_names() -> set[str]:
 
 
 def launcher_names() -> set[str]:
-    metrics = LauncherMetrics("cpu-tiny", "qwen3-tiny")
+    metrics = LauncherMetrics("cpu-tiny", MODEL_NAME)
     metrics.record_start(LoadStats(40.0, 37.0, 0.02, 1 << 30), restart=True)
     return sample_names(generate_latest(metrics.registry).decode())
 

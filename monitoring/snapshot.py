@@ -30,6 +30,7 @@ from typing import Any, Protocol
 
 from loadtest.svg import COLORS, Line, line_chart
 from monitoring.grafana.queries import concrete, load_dashboards, panels, variable_names
+from monitoring.prometheus import PROMETHEUS_PORT
 from monitoring.prometheus.api import PrometheusAPI, Series
 
 # The panels each picture shows, by dashboard file and panel title (timeseries are charted,
@@ -285,7 +286,9 @@ def write_snapshots(
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m monitoring.snapshot", description=__doc__)
-    parser.add_argument("--prometheus", default="http://127.0.0.1:9090", help="its base URL")
+    parser.add_argument(
+        "--prometheus", default=f"http://127.0.0.1:{PROMETHEUS_PORT}", help="its base URL"
+    )
     parser.add_argument("--out", type=Path, default=Path("var/monitoring"), help="directory")
     parser.add_argument("--minutes", type=float, default=15.0, help="the range, ending now")
     parser.add_argument("--step", type=float, default=0.0, help="seconds (default: range/300)")

@@ -23,14 +23,12 @@ from typing import TYPE_CHECKING
 
 from serving.ports import ENGINE_PORT
 
-# vLLM's own default share of GPU memory for weights, activations and the KV cache: what a
-# profile and the planner assume when they set none.
-DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
-# vLLM's LoRA limits (LoRAConfig, vllm/config/lora.py): its defaults for adapters in one batch
-# and the largest rank, and the only ranks it accepts as that largest rank (MaxLoRARanks).
-DEFAULT_MAX_LORAS = 1
-DEFAULT_MAX_LORA_RANK = 16
-LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+# vLLM's defaults and LoRA limits live in `vllm_limits` (the profiles validate against them
+# without importing this module, which reads `Profile`); the planner reads them from here.
+from serving.vllm_limits import DEFAULT_GPU_MEMORY_UTILIZATION as DEFAULT_GPU_MEMORY_UTILIZATION
+from serving.vllm_limits import DEFAULT_MAX_LORA_RANK as DEFAULT_MAX_LORA_RANK
+from serving.vllm_limits import DEFAULT_MAX_LORAS as DEFAULT_MAX_LORAS
+from serving.vllm_limits import LORA_RANKS as LORA_RANKS
 
 if TYPE_CHECKING:  # only annotations: the planner imports this module without pydantic
     from serving.profiles.model import Profile

@@ -8,7 +8,9 @@
 - walking the route table, every metered route is answered by `Completions.handle`, which
   calls the request's steps in the order the page lists them;
 - nothing under serving/ or tests/ still cites the design note that lives outside the
-  repository.
+  repository;
+- each default the facts table gives an owner (`OWNED_DEFAULTS`) is written, in the code of
+  serving/, bench/, loadtest/ and monitoring/, only by its owner and the places its row lists.
 """
 
 from __future__ import annotations
@@ -16,8 +18,11 @@ from __future__ import annotations
 import ast
 import importlib
 import inspect
+import io
 import re
 import textwrap
+import tokenize
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
@@ -214,3 +219,96 @@ def test_each_metered_route_runs_the_steps_the_page_lists_in_its_order() -> None
     assert [name for name in listed if name in REQUEST_LIFE] == life, (
         f"Completions.handle runs {life}, the page lists {listed}"
     )
+
+
+@dataclass(frozen=True)
+class OwnedDefault:
+    """A default the facts table gives one owner: `pattern` finds its value written as that
+    default (the owner's definition included), `again` the places the row lists besides."""
+
+    owner: str
+    name: str
+    pattern: str
+    again: tuple[str, ...] = ()
+
+
+OWNED_DEFAULTS = (
+    OwnedDefault(
+        "serving/vllm_limits.py",
+        "DEFAULT_STREAM_INTERVAL",
+        r"\bDEFAULT_STREAM_INTERVAL = 1\b|\b(?:stream_interval|tokens_per_event)\b[^=\n]*="
+        r"\s*(?:Field\(default=)?1\b|\"stream_interval\": \([^)]*\(None, 1\)",
+    ),
+    OwnedDefault(
+        "serving/gateway/settings.py",
+        "retry_after_s",
+        r"\bretry_after_s\b[^=\n]*=\s*(?:Field\(default=)?1\b",
+    ),
+    OwnedDefault(
+        "serving/gateway/quota/sqlite_db.py",
+        "DEFAULT_BUSY_TIMEOUT_S",
+        r"(?i:busy_timeout)\w*\s*(?::[^=\n]+)?=\s*(?:5000|5\.0)\b|sqlite3\.connect\([^)]*timeout=",
+    ),
+    OwnedDefault(
+        "serving/gateway/keys/redis_store.py",
+        "DEFAULT_TIMEOUT_S",
+        r"\b(?:DEFAULT_TIMEOUT_S|timeout_s)\b[^=\n]*=\s*2\.0\b",
+    ),
+    OwnedDefault("serving/models/tiny_model.py", "MODEL_NAME", r"[\"']qwen3-tiny[\"']"),
+    OwnedDefault("monitoring/prometheus/__init__.py", "PROMETHEUS_PORT", r"\b9090\b"),
+)
+CODE_DIRS = ("serving", "bench", "loadtest", "monitoring")
+
+
+def code_lines(path: Path) -> list[str]:
+    """The file's lines with comments and docstrings (any string standing as a statement)
+    blanked: a usage example in a docstring is not a second definition."""
+    source = path.read_text(encoding="utf-8")
+    lines = source.splitlines()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
+            for number in range(node.lineno, (node.end_lineno or node.lineno) + 1):
+                lines[number - 1] = ""
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type == tokenize.COMMENT:
+            row, column = token.start
+            lines[row - 1] = lines[row - 1][:column]
+    return lines
+
+
+def code_files() -> list[Path]:
+    return sorted(
+        path
+        for top in CODE_DIRS
+        for path in (ROOT / top).rglob("*.py")
+        if not any(part.startswith(".") or part == "__pycache__" for part in path.parts)
+    )
+
+
+def test_each_owned_default_is_written_only_where_the_facts_table_says() -> None:
+    facts = section("Where state lives")
+    files = code_files()
+    assert len(files) > 100, "the code directories hold the project's modules"
+    wrong: list[str] = []
+    lines_of = {path: code_lines(path) for path in files}  # parsed once, searched per fact
+    for fact in OWNED_DEFAULTS:
+        assert f"`{fact.owner}`" in facts and f"`{fact.name}`" in facts, (
+            f"the facts table does not name {fact.owner} ({fact.name})"
+        )
+        pattern = re.compile(fact.pattern)
+        found: dict[str, list[int]] = {}
+        for path in files:
+            for number, line in enumerate(lines_of[path], start=1):
+                if pattern.search(line):
+                    found.setdefault(str(path.relative_to(ROOT)), []).append(number)
+        if len(found.pop(fact.owner, [])) != 1:
+            wrong.append(f"{fact.name}: {fact.owner} should write it exactly once")
+        for listed in fact.again:
+            if found.pop(listed, None) is None:
+                wrong.append(f"{fact.name}: {listed} no longer writes it: drop it from its row")
+        wrong += [
+            f"{fact.name}: written again in {where}, lines {lines}"
+            for where, lines in found.items()
+        ]
+    where = "docs/architecture.md, where state lives"
+    assert not wrong, f"defaults written outside their owner ({where}): " + "; ".join(wrong)

@@ -1,7 +1,7 @@
 """Fair sharing benchmark: a quiet key's time to first token while a noisy key floods the
 engine, with vLLM's first-come-first-served queue and with the gateway's fair queue.
 
-    make bench-fairness        # python -m bench.fairness; ~8 min; bench/results/fairness.md
+    make bench-fairness        # python -m bench.fairness; ~10 min; bench/results/fairness/<date>.md
 
 One real vLLM engine (the cpu-tiny profile, its compute bound to core 0) and one gateway per
 setting in front of it (core 1): `--scheduling fcfs`, and `--scheduling fair` with each

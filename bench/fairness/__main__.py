@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import statistics
 import sys
 import tempfile
@@ -15,20 +14,20 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import aiohttp
-import uvloop
 
+from bench.command import run_benchmark
 from bench.fairness.load import QuietResult, Tenant, noisy_load, quiet_load
 from bench.gateway_overhead.paths import BENCH_KEY_LIMITS, READY_TIMEOUT_S, REPO_ROOT
 from bench.gateway_overhead.processes import BenchError, Launcher, can_pin, free_port, pin_self
 from bench.gateway_overhead.report import write_results
+from bench.results_files import RESULTS_DIR, loadavg, machine, machine_lines
 from bench.routing.engines import Engine, start_engines
 from loadtest.scraper import GENERATION_TOKENS, RUNNING, WAITING, parse_metrics
 from serving.gateway.settings import GatewaySettings
+from serving.models.tiny_model import MODEL_NAME as MODEL
 
-RESULTS_DIR = Path(__file__).resolve().parent.parent / "results"
 STEM = "fairness"
 PROFILE = "cpu-tiny"
-MODEL = "qwen3-tiny"
 GATEWAY_CPU = 1
 IDLE_TIMEOUT_S = 120.0
 GOAL = {"median": 2.0, "p99": 3.0, "throughput": 0.9}
@@ -50,7 +49,12 @@ def build_parser() -> argparse.ArgumentParser:
         default="1,2,4",
         help="--reserved-slots of the fair gateways, comma-separated (default: %(default)s)",
     )
-    parser.add_argument("--output-dir", type=Path, default=RESULTS_DIR)
+    parser.add_argument(
+        "--output-dir",
+        type=Path,
+        default=RESULTS_DIR,
+        help="results go to DIR/fairness/<date>.json and .md (default: bench/results)",
+    )
     return parser
 
 
@@ -190,7 +194,7 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
         "benchmark": STEM,
         "created": datetime.now(UTC).replace(microsecond=0).isoformat(),
         "command": "python -m bench.fairness " + " ".join(sys.argv[1:]),
-        "machine": {"cpus": os.cpu_count(), "loadavg_after": list(os.getloadavg())},
+        "machine": {**machine(), "loadavg_after": loadavg()},
         "plan": {
             "seconds": args.seconds,
             "runs": args.runs,
@@ -217,6 +221,7 @@ def report(doc: dict[str, object]) -> str:
     lines = [
         "# Fair sharing benchmark", "",
         f"`{doc['command']}` at {doc['created']}; plan: {json.dumps(doc['plan'])}.", "",
+        *machine_lines(doc["machine"]),
         "The quiet key's time to first token (median and p99 of each run's requests; with a",
         "request every half second the p99 of a run is about its slowest) and vLLM's generated",
         "tokens/s while it ran. Ratios: against the quiet key alone in the same run (TTFT) and",
@@ -247,11 +252,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.runs < 1 or args.seconds <= 0 or args.quiet_rate <= 0 or args.noisy_streams < 1:
         print("--runs, --seconds, --quiet-rate, --noisy-streams: must be positive", file=sys.stderr)
         return 2
-    try:
-        doc = uvloop.run(run(args))
-    except BenchError as exc:
-        print(f"bench.fairness: {exc}", file=sys.stderr)
-        return 1
+    return run_benchmark("bench.fairness", measure_and_report(args))
+
+
+async def measure_and_report(args: argparse.Namespace) -> int:
+    doc = await run(args)
     text = report(doc)
     write_results(doc, args.output_dir, STEM, text)
     print(text)

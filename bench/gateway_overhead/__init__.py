@@ -4,7 +4,7 @@ proxy, side by side in one run (docs/architecture.md, performance targets; the R
 store's share of the in-process store's requests/s and its Redis commands per request: the
 scale-out issue).
 
-    python -m bench.gateway_overhead            # full run, ~4 min; results in bench/results/
+    python -m bench.gateway_overhead            # ~4 min; results/gateway_overhead/<date>.*
     python -m bench.gateway_overhead --quick    # under a minute, for tests
     python -m bench.gateway_overhead --real-engine URL --gateway-url URL --api-key KEY
 

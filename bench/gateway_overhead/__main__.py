@@ -9,19 +9,20 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-import uvloop
-
+from bench.command import run_benchmark
 from bench.gateway_overhead import report, table
 from bench.gateway_overhead.local import PROFILE_MODES, LocalOptions, run_local
 from bench.gateway_overhead.paths import ALL_PATHS
 from bench.gateway_overhead.processes import BenchError
 from bench.gateway_overhead.real_engine import RealOptions, run_real
 from bench.gateway_overhead.runner import Plan
+from bench.results_files import RESULTS_DIR
 from serving.gateway.settings import API_KEY_ENV
 
-RESULTS_DIR = Path(__file__).resolve().parent.parent / "results"
 FULL = Plan(seconds=4.0, runs=3, concurrency=32, warmup_s=1.0)
-QUICK = Plan(seconds=1.0, runs=2, concurrency=32, warmup_s=0.4)
+# A smoke run for the tests: every path twice (interleaving and medians run), each
+# measurement as short as still gives each proxy's CPU a few hundred requests.
+QUICK = Plan(seconds=0.3, runs=2, concurrency=32, warmup_s=0.2)
 SECRET_FLAGS = ("--api-key", "--engine-api-key")
 
 
@@ -52,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--output-dir",
         type=Path,
         default=RESULTS_DIR,
-        help="where the .json and .md results go (default: bench/results)",
+        help="results go to DIR/gateway_overhead/<date>.json and .md (default: bench/results)",
     )
     real = parser.add_argument_group("real engine (nothing is started: bring your own)")
     real.add_argument("--real-engine", metavar="URL", help="a running vLLM OpenAI server")
@@ -141,13 +142,7 @@ async def run(args: argparse.Namespace, command: str) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     arguments = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(arguments)
-    try:
-        return uvloop.run(run(args, shown_command(arguments)))
-    except BenchError as exc:
-        print(f"gateway_overhead: error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
+    return run_benchmark("gateway_overhead", run(args, shown_command(arguments)))
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ from bench.gateway_overhead.load import REQUEST_TIMEOUT_S, Target, probe
 from bench.gateway_overhead.paths import PathUnderTest
 from bench.gateway_overhead.processes import BenchError
 from bench.gateway_overhead.runner import Plan, run_rounds
+from bench.results_files import loadavg, machine
 
 Json = dict[str, object]
 MAX_TOKENS = 16
@@ -61,6 +62,7 @@ async def discover_model(engine_url: str, api_key: str) -> str:
 
 
 async def run_real(options: RealOptions, log: Callable[[str], None]) -> Json:
+    loadavg_before = loadavg()
     model = options.model or await discover_model(options.engine_url, options.engine_api_key)
     extra = {"ignore_eos": True}
     direct = PathUnderTest(
@@ -106,6 +108,7 @@ async def run_real(options: RealOptions, log: Callable[[str], None]) -> Json:
         "mode": "real-engine",
         "created": datetime.now(UTC).replace(microsecond=0).isoformat(),
         "command": options.command,
+        "machine": {**machine(), "loadavg_before": loadavg_before, "loadavg_after": loadavg()},
         "model": model,
         "max_tokens": MAX_TOKENS,
         "plan": options.plan.describe(),

@@ -3,7 +3,7 @@ printed and written.
 
 summary = summarise(samples)                 # per path: medians over the runs
 results = local_results(paths, samples, ...) # the JSON document
-write_results(results, out_dir, "gateway_overhead", markdown(results))
+write_results(results, out_dir, "gateway_overhead", markdown(results))  # gateway_overhead/<date>.*
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from bench.gateway_overhead.load import LOADGEN, MACHINE, Sample
 from bench.gateway_overhead.paths import GATEWAY_REDIS, REDIS_PROCESS
 from bench.gateway_overhead.redis_server import ROUND_TRIPS, TOTAL
 from bench.gateway_overhead.runner import JSON, LATENCY, STREAM
+from bench.results_files import run_stem
 
 Json = dict[str, object]
 
@@ -277,9 +278,13 @@ def missed(targets: Sequence[Mapping[str, object]]) -> bool:
 
 
 def write_results(results: Json, out_dir: Path, stem: str, text: str) -> tuple[Path, Path]:
-    """Write `stem`.json and `stem`.md atomically (write, then rename)."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    paths = (out_dir / f"{stem}.json", out_dir / f"{stem}.md")
+    """Write this run's `<date>.json` and `<date>.md` into `out_dir`/`stem`/, each atomically
+    (write, then rename); the date is the day of `results["created"]`, and a later run the
+    same day takes `<date>-2` and so on (bench.results_files), so no earlier run is replaced."""
+    directory = out_dir / stem
+    directory.mkdir(parents=True, exist_ok=True)
+    run = run_stem(directory, str(results["created"]))
+    paths = (directory / f"{run}.json", directory / f"{run}.md")
     contents = (json.dumps(results, indent=2, allow_nan=False) + "\n", text)
     for path, content in zip(paths, contents, strict=True):
         tmp = path.with_name(path.name + ".tmp")

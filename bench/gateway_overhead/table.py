@@ -7,32 +7,18 @@ A Markdown table reads well in a terminal too, so one format serves both.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from bench.gateway_overhead.paths import GATEWAY_REDIS
 from bench.gateway_overhead.redis_server import ROUND_TRIPS, TOTAL, script_commands
+from bench.markdown import num as _num
+from bench.markdown import pct as _pct
+from bench.markdown import spread_table
+from bench.markdown import table as _table
+from bench.results_files import machine_lines
 
 Doc = Mapping[str, Any]
-
-
-def _num(value: object, spec: str, suffix: str = "") -> str:
-    if not isinstance(value, int | float) or (isinstance(value, float) and math.isnan(value)):
-        return "-"
-    return format(value, spec) + suffix
-
-
-def _row(cells: Sequence[str]) -> str:
-    return "| " + " | ".join(cells) + " |"
-
-
-def _table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
-    return [_row(head), _row(["---"] * len(head)), *(_row(r) for r in rows)]
-
-
-def _pct(value: object) -> str:
-    return _num(value * 100 if isinstance(value, int | float) else value, ".0f", "%")
 
 
 def local_table(doc: Doc) -> list[str]:
@@ -140,26 +126,6 @@ def redis_lines(doc: Doc) -> list[str]:
     return lines
 
 
-def spread_table(doc: Doc) -> list[str]:
-    """Each run's value, so the spread behind the medians is visible."""
-
-    def runs(path: Mapping[str, Any], metric: str, key: str, spec: str) -> str:
-        return ", ".join(_num(run.get(key), spec) for run in path["runs"][metric])
-
-    rows = [
-        [
-            path["label"],
-            runs(path, "latency", "p50_ms", ".2f"),
-            runs(path, "latency", "p99_ms", ".2f"),
-            runs(path, "json", "per_s", ",.0f"),
-            runs(path, "stream", "per_s", ",.0f"),
-        ]
-        for path in doc["paths"].values()
-    ]
-    head = ["path (each run)", "p50 ms", "p99 ms", "req/s", "streams/s"]
-    return ["", "Spread: the value of each run, in the order measured.", "", *_table(head, rows)]
-
-
 def targets_table(targets: Sequence[Mapping[str, Any]]) -> list[str]:
     rows = []
     for t in targets:
@@ -218,6 +184,7 @@ def local_markdown(doc: Doc) -> str:
         f"{machine['loadavg_before']} / {machine['loadavg_after']}.",
         "",
         *local_table(doc),
+        "",
         *spread_table(doc),
         "",
         *targets_table(doc["targets"]),
@@ -257,6 +224,7 @@ def real_markdown(doc: Doc) -> str:
         f"{doc['max_tokens']} (ignore_eos); {plan['runs']} interleaved runs of "
         f"{plan['seconds_per_measurement']:g} s, medians; {plan['concurrency']} concurrent.",
         "",
+        *(machine_lines(doc["machine"]) if "machine" in doc else []),
         *_table(head, rows),
         "",
         f"Through the gateway: {_pct(share['req_per_s'])} of direct req/s, "

@@ -1,7 +1,7 @@
 """Routing across vLLM replicas: vLLM's own router (`vllm-router`) against routing inside our
 gateway, side by side in one run (issue 11, part 3).
 
-    python -m bench.routing                       # full run, ~6 min; bench/results/routing.*
+    python -m bench.routing                       # ~10 min; results/routing/<date>.*
     python -m bench.routing --quick               # short (both parts; engines take ~1 min)
     python -m bench.routing --quick --parts overhead
 

@@ -11,23 +11,23 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
-import uvloop
-
+from bench.command import run_benchmark
 from bench.gateway_overhead import report
 from bench.gateway_overhead.processes import BenchError
 from bench.gateway_overhead.runner import Plan
+from bench.results_files import RESULTS_DIR
 from bench.routing import router, table
 from bench.routing.overhead import DEFAULT_PATHS, OverheadOptions, check_paths, run_overhead
 from bench.routing.paths import SPECS
 from bench.routing.prefix_cache import CACHE_PATHS, CacheOptions, run_prefix_cache
 from bench.routing.workload import Shape
 
-RESULTS_DIR = Path(__file__).resolve().parent.parent / "results"
 STEM = "routing"
-# The gateway overhead benchmark's full plan, so the two benchmarks' numbers compare; the
-# quick one is shorter than its (seven paths here, not five), to stay under 90 s.
+# The gateway overhead benchmark's full plan, so the two benchmarks' numbers compare. The
+# quick one is a smoke run for the tests: every path measured twice (the interleaving and
+# the medians run), as short as still gives each proxy's CPU a few hundred requests.
 FULL = Plan(seconds=4.0, runs=3, concurrency=32, warmup_s=1.0)
-QUICK = Plan(seconds=0.6, runs=2, concurrency=32, warmup_s=0.4)
+QUICK = Plan(seconds=0.3, runs=2, concurrency=32, warmup_s=0.2)
 FULL_SHAPE = Shape(conversations=8, turns=8)
 QUICK_SHAPE = Shape(conversations=4, turns=3)
 PARTS = ("overhead", "cache")
@@ -68,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--output-dir",
         type=Path,
         default=RESULTS_DIR,
-        help="where routing.json and routing.md go (default: bench/results)",
+        help="results go to DIR/routing/<date>.json and .md (default: bench/results)",
     )
     return parser
 
@@ -151,13 +151,7 @@ def _router_version() -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     arguments = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(arguments)
-    try:
-        return uvloop.run(run(args, arguments))
-    except BenchError as exc:
-        print(f"routing: error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
+    return run_benchmark("routing", run(args, arguments))
 
 
 if __name__ == "__main__":

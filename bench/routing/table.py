@@ -9,28 +9,15 @@ between vllm-router and routing in the gateway rests on.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
+from bench.markdown import num as _num
+from bench.markdown import pct as _pct
+from bench.markdown import spread_table
+from bench.markdown import table as _table
+
 Doc = Mapping[str, Any]
-
-
-def _num(value: object, spec: str, suffix: str = "") -> str:
-    if not isinstance(value, int | float) or (isinstance(value, float) and math.isnan(value)):
-        return "-"
-    return format(value, spec) + suffix
-
-
-def _pct(value: object, spec: str = ".0f") -> str:
-    return _num(value * 100 if isinstance(value, int | float) else value, spec, "%")
-
-
-def _table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
-    def row(cells: Sequence[str]) -> str:
-        return "| " + " | ".join(cells) + " |"
-
-    return [row(head), row(["---"] * len(head)), *(row(r) for r in rows)]
 
 
 def _cpu(summary: Mapping[str, Any], unit: str) -> str:
@@ -75,24 +62,6 @@ def overhead_table(part: Doc) -> list[str]:
             ]
         )
     return _table(head, rows)
-
-
-def spread_table(part: Doc) -> list[str]:
-    def runs(path: Mapping[str, Any], metric: str, key: str, spec: str) -> str:
-        return ", ".join(_num(run.get(key), spec) for run in path["runs"][metric])
-
-    rows = [
-        [
-            path["label"],
-            runs(path, "latency", "p50_ms", ".2f"),
-            runs(path, "latency", "p99_ms", ".2f"),
-            runs(path, "json", "per_s", ",.0f"),
-            runs(path, "stream", "per_s", ",.0f"),
-        ]
-        for path in part["paths"].values()
-    ]
-    head = ["path (each run)", "p50 ms", "p99 ms", "req/s", "streams/s"]
-    return ["Spread: each run's value, in the order measured.", "", *_table(head, rows)]
 
 
 def comparison_lines(part: Doc) -> list[str]:

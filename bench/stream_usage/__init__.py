@@ -3,7 +3,7 @@ every chunk carries usage (`stream_options.continuous_usage_stats`, which the ga
 for on every stream so that a stream cut short is charged vLLM's own count) against usage
 in the last chunk only.
 
-    make bench-stream-usage    # python -m bench.stream_usage; ~3 min; bench/results/stream_usage.md
+    make bench-stream-usage  # python -m bench.stream_usage; ~3 min; results/stream_usage/<date>.md
 
 One real vLLM engine (the cpu-tiny profile, compute and API server bound to core 0, as in the
 fairness benchmark), one stream at a time straight to it, interleaved rounds. With a reasoning

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import tempfile
@@ -15,17 +14,17 @@ from pathlib import Path
 
 import aiohttp
 import psutil
-import uvloop
 
+from bench.command import run_benchmark
 from bench.gateway_overhead.processes import BenchError, Launcher, can_pin, pin_self
 from bench.gateway_overhead.report import write_results
+from bench.results_files import RESULTS_DIR, loadavg, machine, machine_lines
 from bench.routing.engines import Engine, start_engines
+from serving.models.tiny_model import MODEL_NAME as MODEL
 from serving.vllm_flags import VLLM_SERVER_MODULE
 
-RESULTS_DIR = Path(__file__).resolve().parent.parent / "results"
 STEM = "stream_usage"
 PROFILE = "cpu-tiny"
-MODEL = "qwen3-tiny"
 CLIENT_CPU = 1
 FINAL = {"include_usage": True}
 RUNNING = {"include_usage": True, "continuous_usage_stats": True}
@@ -45,7 +44,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--tokens", default="256,1024,1920", help="answer lengths, comma-separated")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (medians)")
-    parser.add_argument("--output-dir", type=Path, default=RESULTS_DIR)
+    parser.add_argument(
+        "--output-dir",
+        type=Path,
+        default=RESULTS_DIR,
+        help="results go to DIR/stream_usage/<date>.json and .md (default: bench/results)",
+    )
     return parser
 
 
@@ -131,7 +135,7 @@ async def run(args: argparse.Namespace, lengths: list[int]) -> dict[str, object]
         "benchmark": STEM,
         "created": datetime.now(UTC).replace(microsecond=0).isoformat(),
         "command": "python -m bench.stream_usage " + " ".join(sys.argv[1:]),
-        "machine": {"cpus": os.cpu_count(), "loadavg_after": list(os.getloadavg())},
+        "machine": {**machine(), "loadavg_after": loadavg()},
         "plan": {"profile": PROFILE, "rounds": args.rounds, "tokens": lengths},
         "samples": samples,
     }
@@ -146,8 +150,8 @@ def report(doc: dict[str, object]) -> str:
     assert isinstance(samples, dict)
     lines = [
         "# Running usage benchmark", "",
-        f"`{doc['command']}` at {doc['created']}; plan: {json.dumps(doc['plan'])}; load "
-        f"average after: {doc['machine']['loadavg_after']}.", "",  # type: ignore[index]
+        f"`{doc['command']}` at {doc['created']}; plan: {json.dumps(doc['plan'])}.", "",
+        *machine_lines(doc["machine"]),
         "vLLM's API server CPU per chat stream (one stream at a time, medians of the rounds),",
         "and the ratio to usage in the last chunk only at the same length.", "",
         "| answer tokens | stream options | API server CPU per stream | x last-chunk usage "
@@ -174,11 +178,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.rounds < 1 or not lengths or min(lengths) < 1:
         print("--rounds and --tokens: positive integers", file=sys.stderr)
         return 2
-    try:
-        doc = uvloop.run(run(args, lengths))
-    except BenchError as exc:
-        print(f"bench.stream_usage: {exc}", file=sys.stderr)
-        return 1
+    return run_benchmark("bench.stream_usage", measure_and_report(args, lengths))
+
+
+async def measure_and_report(args: argparse.Namespace, lengths: list[int]) -> int:
+    doc = await run(args, lengths)
     text = report(doc)
     write_results(doc, args.output_dir, STEM, text)
     print(text)

@@ -19,3 +19,6 @@ CONFIG = HERE / "prometheus.yml"
 RULES_DIR = HERE / "rules"
 TESTS_DIR = HERE / "tests"
 RUNBOOK = HERE.parent / "RUNBOOK.md"
+# Where `make monitor` serves Prometheus (127.0.0.1), and where `monitoring.snapshot` looks
+# by default. Stdlib only above: the Makefile reads it with the system Python.
+PROMETHEUS_PORT = 9090

@@ -23,7 +23,7 @@ from typing import Any
 
 import yaml
 
-from monitoring.prometheus import CONFIG, HERE
+from monitoring.prometheus import CONFIG, HERE, PROMETHEUS_PORT
 from monitoring.prometheus.ruleset import rule_files
 from monitoring.prometheus.series import ENGINE, GATEWAY, LAUNCHER
 from serving.engine.command import DEFAULT_ENGINE_PORT, add_metrics_port_argument, metrics_port
@@ -31,7 +31,6 @@ from serving.errors import ServingError
 from serving.paths import serving_home
 from serving.ports import GATEWAY_METRICS_PORT
 
-DEFAULT_PROM_PORT = 9090
 GRAFANA = HERE.parent / "grafana"
 
 
@@ -82,7 +81,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--engine-port", type=int, default=DEFAULT_ENGINE_PORT)
     add_metrics_port_argument(parser)
-    parser.add_argument("--prom-port", type=int, default=DEFAULT_PROM_PORT)
+    parser.add_argument("--prom-port", type=int, default=PROMETHEUS_PORT)
     args = parser.parse_args(argv)
     try:
         launcher_port = metrics_port(args, args.engine_port)

@@ -10,7 +10,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from serving.errors import ServingError
+from serving.models.tiny_lora import ADAPTER_NAME as TINY_LORA
+from serving.models.tiny_model import MODEL_NAME as TINY_MODEL
+from serving.models.tiny_vl_model import MODEL_NAME as TINY_VL_MODEL
 from serving.profiles.model import Profile
+from serving.quantize.awq_build import TINY_AWQ_NAME
 
 
 def _tiny() -> Path:
@@ -33,9 +37,9 @@ def _tiny_vl() -> Path:
 
 # Built-in model name -> builder returning the model directory (cached after the first build).
 BUILTIN_MODELS: dict[str, Callable[[], Path]] = {
-    "qwen3-tiny": _tiny,
-    "qwen3-tiny-awq": _tiny_awq,
-    "qwen2.5-vl-tiny": _tiny_vl,
+    TINY_MODEL: _tiny,
+    TINY_AWQ_NAME: _tiny_awq,
+    TINY_VL_MODEL: _tiny_vl,
 }
 
 
@@ -47,7 +51,7 @@ def _tiny_lora() -> Path:
 
 # Built-in adapter name (`path: builtin:NAME`) -> builder returning its PEFT directory.
 BUILTIN_ADAPTERS: dict[str, Callable[[], Path]] = {
-    "qwen3-tiny-lora": _tiny_lora,
+    TINY_LORA: _tiny_lora,
 }
 
 

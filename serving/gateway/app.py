@@ -22,8 +22,9 @@ Routes:
                 ``/health`` answered from the health monitor without one, and a 403 or 404
                 in OpenAI error shape for everything else, before anything reaches vLLM.
 
-Everything lives on the app object (no globals): key stores, quota engine, the router over
-the engines (`routing`), metrics registry.
+No globals: `create_app` has `assembly.assemble` build the parts (key stores, quota engine,
+the router over the engines (`routing`), metrics registry, ...), each handed what it uses,
+and the app serves requests with them; the parts never see the app.
 Quota counters live in this process (`InMemoryQuotaStore`, budgets journaled to keys.db) or,
 with `redis_url`, in Redis shared by the replicas (`RedisQuotaStore` behind the
 `redis_failure_policy`); with it, API keys kept in Redis are read too (`keys.redis_refresh`).
@@ -39,19 +40,10 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Awaitable, Callable
-from pathlib import Path
 
-from serving.gateway.adapters.install import install_adapters
-from serving.gateway.admin.api import AdminApi, is_admin_path
-from serving.gateway.auth import (
-    Authenticator,
-    Caller,
-    KeyStoreAuthenticator,
-    StaticKeyAuthenticator,
-)
-from serving.gateway.catalog import ModelCatalog
-from serving.gateway.completions import Completions
+from serving.gateway.admin.api import is_admin_path
+from serving.gateway.assembly import Gateway, assemble
+from serving.gateway.auth import Authenticator, Caller
 from serving.gateway.errors import (
     ClientGone,
     GatewayError,
@@ -64,43 +56,16 @@ from serving.gateway.errors import (
     retry_after_headers,
     upstream_error_kind,
 )
-from serving.gateway.fair_queue import FairQueue
 from serving.gateway.forwarded_headers import REQUEST_ID, request_id
-from serving.gateway.health import HealthMonitor
-from serving.gateway.images import ImagePolicy
-from serving.gateway.keys import FileKeyStore, KeyStore, SqliteKeyStore
-from serving.gateway.keys.redis_refresh import RedisKeyRefresh
-from serving.gateway.lifespan import run_lifespan
-from serving.gateway.metrics import CONTENT_TYPE, NONE, GatewayMetrics, RequestRecord
-from serving.gateway.metrics_listener import MetricsListener
+from serving.gateway.metrics import CONTENT_TYPE, NONE, RequestRecord
 from serving.gateway.openai_request import check_tokenize_body
-from serving.gateway.periodic import Periodic
-from serving.gateway.playground import Playground
-from serving.gateway.proxy import Proxy, ProxyOutcome, ProxyRequest
-from serving.gateway.quota import (
-    Clock,
-    InMemoryQuotaStore,
-    QuotaEngine,
-    QuotaStore,
-    QuotaStoreUnavailable,
-    SqliteBudgetJournal,
-    rate_limit_raw_headers,
-)
-from serving.gateway.quota.failure_policy import FailurePolicy, GuardedQuotaStore
-from serving.gateway.quota.redis_store import RedisQuotaStore
+from serving.gateway.proxy import ProxyOutcome, ProxyRequest
+from serving.gateway.quota import Clock, QuotaStoreUnavailable, rate_limit_raw_headers
 from serving.gateway.request_body import is_plain_path, read_body, worth_precheck
 from serving.gateway.responses import send_bytes, send_error, send_json
-from serving.gateway.route_table import (
-    HEALTH_PATH,
-    ROUTES,
-    TOKENIZE_PATH,
-    Route,
-    RouteTable,
-)
-from serving.gateway.routing.fleet import Fleet
+from serving.gateway.route_table import HEALTH_PATH, ROUTES, TOKENIZE_PATH, Route, RouteTable
 from serving.gateway.settings import GatewaySettings
 from serving.gateway.types import RawHeaders, Receive, Scope, Send
-from serving.gateway.usage_reports import install_usage_reports
 
 logger = logging.getLogger(__name__)
 
@@ -117,142 +82,30 @@ def create_app(
     """A new gateway app. `authenticator` defaults to the settings' key stores and
     development keys; `clock` (tests) drives the quota windows; `routes` (tests) adds paths
     to the route table."""
-    return GatewayApp(settings, authenticator=authenticator, clock=clock, routes=routes)
+    return GatewayApp(assemble(settings, authenticator=authenticator, clock=clock), routes=routes)
 
 
 class GatewayApp:
-    # Set by `_build_authenticator` when keys live in Redis too; run by the lifespan.
-    key_refresh: RedisKeyRefresh | None = None
+    """Serves HTTP with the parts `assembly.assemble` built; its lifespan runs the rest."""
 
-    def __init__(
-        self,
-        settings: GatewaySettings,
-        *,
-        authenticator: Authenticator | None = None,
-        clock: Clock | None = None,
-        routes: RouteTable = ROUTES,
-    ) -> None:
-        self.settings = settings
+    def __init__(self, gateway: Gateway, *, routes: RouteTable = ROUTES) -> None:
+        self.settings = settings = gateway.settings
         self.routes = routes
         self.draining = False
         self._opt_in = frozenset(settings.serve_routes)
-        self.closers: list[Callable[[], None]] = []
-        self.async_closers: list[Callable[[], Awaitable[None]]] = []
-        self.fleet = Fleet(settings, changed=self._engines_changed)
-        self.router = self.fleet.router
-        self.keys_file: FileKeyStore | None = None
-        self.authenticator = authenticator or self._build_authenticator()
-        journal = None
-        self.shared_quota: GuardedQuotaStore | None = None
-        store: QuotaStore
-        if settings.redis_url:
-            # Day and month budgets live in Redis too: no journal.
-            shared = RedisQuotaStore.from_url(
-                settings.redis_url, timeout_s=settings.redis_timeout_s, clock=clock
-            )
-            self.async_closers.append(shared.close)
-            store = self.shared_quota = GuardedQuotaStore(
-                shared,
-                policy=FailurePolicy(settings.redis_failure_policy),
-                replicas=settings.redis_replicas,
-                clock=clock,
-            )
-        else:
-            if settings.keys_db:
-                journal = SqliteBudgetJournal(Path(settings.keys_db))
-                self.closers.append(journal.close)
-            store = InMemoryQuotaStore(clock, journal=journal)
-        self.quota = QuotaEngine(
-            store, default_max_tokens=settings.default_max_tokens, lease_ttl=settings.lease_ttl_s
-        )
-        shared_quota, discovery = self.shared_quota, self.fleet.discovery
-        slots = settings.queue_slots
-        self.queue = (
-            FairQueue(slots, reserved=settings.reserved_slots, timeout_s=settings.queue_timeout_s)
-            if slots is not None
-            else None
-        )
-        if self.queue is not None:
-            self.fleet.size_queue(self.queue.resize)  # slots of the engines in rotation only
-        self.metrics = GatewayMetrics(
-            leases=store.active_leases,
-            budget_flush_failures=journal.failures if journal is not None else lambda: 0,
-            # read at each scrape: the ledger and the adapters are set up further down
-            usage_write_failures=lambda: self.usage.failures(),
-            adapter_sync_errors=lambda: self.adapters.errors,
-            quota_store_up=(lambda: shared_quota.up) if shared_quota else lambda: True,
-            quota_store_errors=(lambda: shared_quota.errors) if shared_quota else lambda: 0,
-            keys_file_up=self._refresh_keys_file,
-            engines=self.fleet.everything,
-            discovery_errors=(lambda: discovery.errors) if discovery else lambda: 0,
-            queue=self.queue,
-        )
-        self.metrics_listener = (
-            MetricsListener(self.metrics.render, host=settings.host, port=settings.metrics_port)
-            if settings.metrics_port is not None
-            else None
-        )
-        self.catalog = ModelCatalog()
-        self.admin = AdminApi(settings.admin_key_digests, max_body_bytes=settings.max_body_bytes)
-        self.usage = install_usage_reports(self)  # the ledger, and GET /admin/v1/usage
-        self.playground = Playground.load()
-        self.proxy = Proxy(self.router, retry_after_s=settings.retry_after_s)
-        self.completions = Completions(
-            self.quota,
-            self.proxy,
-            self.catalog,
-            ImagePolicy.from_settings(settings),
-            queue=self.queue,
-            retry_after_s=settings.retry_after_s,
-            engine_priority=settings.engine_priority,
-            stream_interval=settings.stream_interval,
-        )
-        self.health = HealthMonitor(
-            self.router, self.catalog, self.metrics, interval_s=settings.health_interval_s
-        )
-        self.adapters = install_adapters(self)  # the admin adapter routes, and their sync
-        # Running requests renew their leases well before the TTL; leaked ones are reclaimed.
-        upkeep_every = min(settings.health_interval_s, settings.lease_ttl_s / 3)
-        self.lease_upkeep = Periodic("lease upkeep", self._upkeep_leases, interval_s=upkeep_every)
-
-    def _build_authenticator(self) -> Authenticator:
-        settings = self.settings
-        stores: list[KeyStore] = []
-        if settings.keys_db:
-            stores.append(SqliteKeyStore(Path(settings.keys_db)))
-        if settings.keys_file:
-            self.keys_file = FileKeyStore(Path(settings.keys_file))
-            stores.append(self.keys_file)
-        if settings.redis_url:
-            # The replicas' shared keys (`serving keys --redis-url`): a snapshot in memory,
-            # loaded at startup and refreshed every second by the lifespan.
-            self.key_refresh = RedisKeyRefresh.from_url(settings.redis_url)
-            stores.append(self.key_refresh.store)
-        dev = StaticKeyAuthenticator(settings.api_key_digests) if settings.api_key_digests else None
-        authenticator = KeyStoreAuthenticator(stores, dev=dev)
-        self.closers.append(authenticator.close)
-        return authenticator
-
-    def _refresh_keys_file(self) -> bool:
-        """Re-read the keys file if it changed; whether it parses (True when there is none).
-        Scrapes and /readyz call it, so a broken edit shows even with no traffic."""
-        keys_file = self.keys_file
-        if keys_file is None:
-            return True
-        keys_file.reload_if_changed()
-        return keys_file.broken is None
-
-    async def _upkeep_leases(self) -> None:
-        if self.shared_quota is not None:
-            await self.shared_quota.check()
-        await self.completions.renew_running()
-        await self.quota.reclaim_expired()
-
-    async def _engines_changed(self) -> None:
-        """Discovery added or drained engines: the new ones are probed now rather than at the
-        next health check (the queue's slots follow the rotation: `Fleet.size_queue`)."""
-        self.catalog.retain(engine.index for engine in self.router.engines)
-        await self.health.check()
+        self.authenticator = gateway.authenticator
+        self.quota = gateway.quota
+        self.queue = gateway.queue
+        self.router = gateway.router
+        self.metrics = gateway.metrics
+        self.admin = gateway.admin
+        self.usage = gateway.usage
+        self.playground = gateway.playground
+        self.proxy = gateway.proxy
+        self.completions = gateway.completions
+        self.health = gateway.health
+        self.readiness = gateway.readiness
+        self.lifespan = gateway.lifespan
 
     def begin_drain(self) -> None:
         """Fail readiness from now on (SIGTERM); requests are still served."""
@@ -270,7 +123,7 @@ class GatewayApp:
             raise RuntimeError(f"unsupported ASGI scope type {kind!r}")
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
-        await run_lifespan(self, receive, send)
+        await self.lifespan.run(receive, send)
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = time.perf_counter()
@@ -443,18 +296,10 @@ class GatewayApp:
         await send_bytes(send, status, b"", request_id=rid, content_type=b"application/json")
 
     async def _readyz(self, send: Send, rid: bytes) -> None:
-        shared = self.shared_quota
-        reason = "draining" if self.draining else self.health.unready_reason
-        self._refresh_keys_file()
-        if reason is None and isinstance(self.authenticator, KeyStoreAuthenticator):
-            reason = self.authenticator.unready_reason
-        if reason is None and self.key_refresh is not None and not self.key_refresh.loaded:
-            reason = "API keys not loaded from Redis yet"
-        if reason is None and shared is not None:
-            reason = shared.unready_reason
+        reason = self.readiness.unready_reason(draining=self.draining)
         if reason is None:
             body: dict[str, str] = {"status": "ready"}
-            if shared is not None and shared.degraded:
+            if self.readiness.quota_degraded:
                 body["quota_store"] = "unavailable: local limits apply"
             await send_json(send, 200, body, request_id=rid)
             return

@@ -124,9 +124,9 @@ class Completions:
         images: ImagePolicy | None = None,
         *,
         queue: FairQueue | None = None,
-        retry_after_s: int = 1,
+        retry_after_s: int,
         engine_priority: bool = False,
-        stream_interval: int = 1,
+        stream_interval: int,
     ) -> None:
         self._engine = engine
         self._proxy = proxy

@@ -24,7 +24,7 @@ from serving import paths
 from serving.errors import ServingError
 
 if TYPE_CHECKING:
-    from serving.gateway.keys.record import KeyRecord
+    from serving.gateway.keys.record import KeyRecord, KeySpec
     from serving.gateway.keys.store import WritableKeyStore
     from serving.gateway.quota.limits import Limits
 
@@ -139,16 +139,7 @@ def _run_on_redis(args: argparse.Namespace) -> int:
 
 def _act(store: WritableKeyStore, args: argparse.Namespace) -> int:
     if args.keys_command == "create":
-        name, limits, models, model_limits = _key_fields(args)
-        record, secret = store.create(
-            name,
-            limits=limits,
-            models=models,
-            model_limits=model_limits,
-            weight=_weight(args),
-            default_adapter=_default_adapter(args, models),
-            priority=_priority(args),
-        )
+        record, secret = store.create(_key_spec(args))
         print(f"created {record.key_id} ({record.name}) in {store.location}")
         print(f"secret: {secret}")
         print("the secret is shown only now: only its hash is stored")
@@ -168,18 +159,7 @@ def _emit_yaml(args: argparse.Namespace) -> int:
     from serving.gateway.keys.file_store import render_keys_yaml
     from serving.gateway.keys.record import new_records
 
-    name, limits, models, model_limits = _key_fields(args)
-    record, secret = next(
-        new_records(
-            name,
-            limits=limits,
-            models=models,
-            model_limits=model_limits,
-            weight=_weight(args),
-            default_adapter=_default_adapter(args, models),
-            priority=_priority(args),
-        )
-    )
+    record, secret = next(new_records(_key_spec(args)))
     # The YAML goes to stdout so it can be redirected into a file; the secret to the terminal.
     sys.stdout.write(render_keys_yaml([record]))
     print(f"created {record.key_id} ({record.name}); secret: {secret}", file=sys.stderr)
@@ -205,17 +185,23 @@ def _weight(args: argparse.Namespace) -> int:
     return check_weight(args.weight, where="--weight")
 
 
-def _key_fields(
-    args: argparse.Namespace,
-) -> tuple[str, Limits, tuple[str, ...], dict[str, Limits]]:
+def _key_spec(args: argparse.Namespace) -> KeySpec:
     """Validated here so that errors name the flags, not the store's field names."""
-    from serving.gateway.keys.record import check_model_limits, check_name
+    from serving.gateway.keys.record import KeySpec, check_model_limits, check_name
 
     name = check_name(args.name, where="--name")
     models = _models(args.models)
     model_limits = _model_limits(args.model_limit)
     check_model_limits(model_limits, models, where="--model-limit")
-    return name, _limits_from_flags(args), models, model_limits
+    return KeySpec(
+        name,
+        limits=_limits_from_flags(args),
+        models=models,
+        model_limits=model_limits,
+        weight=_weight(args),
+        default_adapter=_default_adapter(args, models),
+        priority=_priority(args),
+    )
 
 
 def _limits_from_flags(args: argparse.Namespace) -> Limits:

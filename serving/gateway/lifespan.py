@@ -1,7 +1,9 @@
 """The gateway's ASGI lifespan: what starts before the first request and stops after the last.
 
-    await run_lifespan(app, receive, send)      # GatewayApp.__call__ for scope type "lifespan"
+    lifespan = Lifespan(fleet=..., health=..., ...)   # by `assembly.assemble`, from the parts
+    await lifespan.run(receive, send)                 # GatewayApp.__call__, scope "lifespan"
 
+It is handed the parts it starts and stops, and knows nothing else of the app.
 Startup, in order: the keys kept in Redis (a failure is not fatal: the refresh rounds keep
 trying, and /readyz fails until they load), each engine's client, one health check (the model
 list and health before traffic), one round of the runtime adapters (`adapters.sync`; a store
@@ -16,66 +18,92 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
 
+from serving.gateway.health import HealthMonitor
+from serving.gateway.keys.redis_refresh import RedisKeyRefresh
 from serving.gateway.keys.redis_store import KeyStoreUnavailable
+from serving.gateway.metrics_listener import MetricsListener
+from serving.gateway.periodic import Periodic
+from serving.gateway.quota.failure_policy import GuardedQuotaStore
+from serving.gateway.routing.fleet import Fleet
 from serving.gateway.types import Receive, Send
-
-if TYPE_CHECKING:
-    from serving.gateway.app import GatewayApp
 
 logger = logging.getLogger(__name__)
 
 
-async def run_lifespan(app: GatewayApp, receive: Receive, send: Send) -> None:
-    while True:
-        message = await receive()
-        if message["type"] == "lifespan.startup":
-            try:
-                await _start(app)
-            except Exception as exc:
-                await send({"type": "lifespan.startup.failed", "message": str(exc)})
+class BackgroundJob(Protocol):
+    """The runtime adapters' sync (`adapters.install.RuntimeAdapters`), as the lifespan runs it."""
+
+    async def first_round(self) -> None: ...
+
+    def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+@dataclass(frozen=True, kw_only=True)
+class Lifespan:
+    fleet: Fleet
+    health: HealthMonitor
+    adapters: BackgroundJob
+    lease_upkeep: Periodic
+    key_refresh: RedisKeyRefresh | None
+    shared_quota: GuardedQuotaStore | None
+    metrics_listener: MetricsListener | None
+    # Run last at shutdown, in this order: the async ones, then the others off the event loop.
+    async_closers: Sequence[Callable[[], Awaitable[None]]]
+    closers: Sequence[Callable[[], None]]
+
+    async def run(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                try:
+                    await self._start()
+                except Exception as exc:
+                    await send({"type": "lifespan.startup.failed", "message": str(exc)})
+                    return
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await self._stop()
+                await send({"type": "lifespan.shutdown.complete"})
                 return
-            await send({"type": "lifespan.startup.complete"})
-        elif message["type"] == "lifespan.shutdown":
-            await _stop(app)
-            await send({"type": "lifespan.shutdown.complete"})
-            return
 
+    async def _start(self) -> None:
+        if self.key_refresh is not None:
+            try:
+                await self.key_refresh.load()
+            except KeyStoreUnavailable as exc:
+                logger.warning("%s; /readyz fails until they are loaded", exc)
+        await self.fleet.open()
+        await self.health.check()
+        await self.adapters.first_round()  # the runtime adapters on every engine before traffic
+        if self.shared_quota is not None:
+            await self.shared_quota.check()
+        if self.metrics_listener is not None:
+            await self.metrics_listener.start()
+        self.health.start()
+        self.fleet.start()
+        self.lease_upkeep.start()
+        self.adapters.start()
+        if self.key_refresh is not None:
+            self.key_refresh.start()
 
-async def _start(app: GatewayApp) -> None:
-    if app.key_refresh is not None:
-        try:
-            await app.key_refresh.load()
-        except KeyStoreUnavailable as exc:
-            logger.warning("%s; /readyz fails until they are loaded", exc)
-    await app.fleet.open()
-    await app.health.check()
-    await app.adapters.first_round()  # the runtime adapters on every engine before traffic
-    if app.shared_quota is not None:
-        await app.shared_quota.check()
-    if app.metrics_listener is not None:
-        await app.metrics_listener.start()
-    app.health.start()
-    app.fleet.start()
-    app.lease_upkeep.start()
-    app.adapters.start()
-    if app.key_refresh is not None:
-        app.key_refresh.start()
-
-
-async def _stop(app: GatewayApp) -> None:
-    await app.health.stop()
-    await app.lease_upkeep.stop()
-    await app.adapters.stop()
-    if app.key_refresh is not None:
-        await app.key_refresh.stop()
-    await app.fleet.close()
-    if app.metrics_listener is not None:
-        await app.metrics_listener.stop()
-    if app.shared_quota is not None:
-        await app.shared_quota.check()
-    for close_async in app.async_closers:
-        await close_async()
-    for close in app.closers:
-        await asyncio.to_thread(close)
+    async def _stop(self) -> None:
+        await self.health.stop()
+        await self.lease_upkeep.stop()
+        await self.adapters.stop()
+        if self.key_refresh is not None:
+            await self.key_refresh.stop()
+        await self.fleet.close()
+        if self.metrics_listener is not None:
+            await self.metrics_listener.stop()
+        if self.shared_quota is not None:
+            await self.shared_quota.check()
+        for close_async in self.async_closers:
+            await close_async()
+        for close in self.closers:
+            await asyncio.to_thread(close)

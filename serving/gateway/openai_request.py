@@ -34,6 +34,7 @@ from serving.gateway.prompt_estimate import (
 from serving.gateway.request_fields import Kind, check_fields
 from serving.gateway.responses_request import responses_prompt_estimate
 from serving.gateway.tool_request import check_schemas
+from serving.vllm_limits import DEFAULT_STREAM_INTERVAL
 
 __all__ = [
     "BASE_TOKENS",
@@ -181,7 +182,7 @@ def render_upstream_body(
     max_tokens: int,
     model: str | None = None,
     priority: int = 0,
-    stream_interval: int = 1,
+    stream_interval: int = DEFAULT_STREAM_INTERVAL,
 ) -> bytes:
     """The body sent to vLLM: the admitted max_tokens, and in chat and completion streams
     usage always asked for, in every chunk too (`continuous_usage_stats`): a stream cut

@@ -26,6 +26,7 @@ from __future__ import annotations
 from typing import Any, Final, Literal
 
 from serving.gateway.errors import InvalidRequestError
+from serving.vllm_limits import DEFAULT_STREAM_INTERVAL
 
 Kind = Literal["chat", "completion", "responses"]
 
@@ -56,12 +57,12 @@ REFUSED: Final[dict[Kind, dict[str, Refusal]]] = {
     "chat": {
         **_COMMON_REFUSED,
         "chat_template": (_TEMPLATE, (None,)),
-        "stream_interval": (_MERGED, (None, 1)),
+        "stream_interval": (_MERGED, (None, DEFAULT_STREAM_INTERVAL)),
     },
     "completion": {
         **_COMMON_REFUSED,
         "prompt_embeds": (_EMBEDS, (None,)),
-        "stream_interval": (_MERGED, (None, 1)),
+        "stream_interval": (_MERGED, (None, DEFAULT_STREAM_INTERVAL)),
     },
     "responses": {
         **_COMMON_REFUSED,

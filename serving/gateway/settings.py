@@ -57,6 +57,7 @@ from serving.gateway.quota.engine import DEFAULT_LEASE_TTL, DEFAULT_MAX_TOKENS
 from serving.gateway.quota.redis_store import DEFAULT_TIMEOUT_S
 from serving.gateway.usage_ledger.days import DEFAULT_RETENTION_DAYS
 from serving.ports import GATEWAY_PORT
+from serving.vllm_limits import DEFAULT_STREAM_INTERVAL
 
 ENV_PREFIX = "SERVING_GATEWAY_"
 API_KEY_ENV = "SERVING_API_KEY"
@@ -215,7 +216,7 @@ class GatewaySettings(BaseSettings):
     queue_timeout_s: Seconds = 30.0
     """Longest a request waits for a slot; then 503 `engine_overloaded` with Retry-After,
     nothing charged."""
-    stream_interval: int = Field(default=1, ge=1, le=64)
+    stream_interval: int = Field(default=DEFAULT_STREAM_INTERVAL, ge=1, le=64)
     """Tokens vLLM gathers into one event of a chat or completion stream (its per-request
     `stream_interval`; a stream's first token still comes at once). Fewer events cost vLLM's
     API server less per token, which every other request on a busy engine feels

@@ -36,6 +36,8 @@ from typing import Any, NamedTuple
 
 import orjson
 
+from serving.vllm_limits import DEFAULT_STREAM_INTERVAL
+
 # A partial event larger than this is not SSE as vLLM writes it: relay it raw.
 MAX_PENDING = 256 * 1024
 # A streamed body that is not SSE is kept up to this size to be parsed whole at its end;
@@ -129,7 +131,7 @@ class ResponseMeter:
         strip_usage: bool,
         running: bool = False,
         strip_running: bool = False,
-        tokens_per_event: int = 1,
+        tokens_per_event: int = DEFAULT_STREAM_INTERVAL,
         responses: bool = False,
     ) -> None:
         self.strip_usage = strip_usage

@@ -1,7 +1,8 @@
 """Usage reports in a running gateway: its ledger, and GET /admin/v1/usage.
 
-    self.usage = install_usage_reports(self)   # in GatewayApp.__init__, after self.admin
-    self.usage.record(record)                  # every API request, beside metrics.observe
+    usage = install_usage_reports(settings, admin, authenticator)   # by `assembly.assemble`
+    usage.record(record)            # every API request, beside metrics.observe
+    await usage.close()             # at shutdown (the lifespan's last steps)
 
 Where usage goes follows where the deployment's state is: Redis with `redis_url` (the
 replicas add into the same hashes), else keys.db's table `usage_days` (the same file as the
@@ -24,8 +25,8 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from serving.gateway.admin.api import AdminApi, AdminRequest
 from serving.gateway.auth import Authenticator, KeyStoreAuthenticator
 from serving.gateway.errors import GatewayError, InvalidRequestError
 from serving.gateway.settings import GatewaySettings
@@ -37,10 +38,6 @@ from serving.gateway.usage_ledger.report import (
     build_report,
     report_query,
 )
-
-if TYPE_CHECKING:
-    from serving.gateway.admin.api import AdminRequest
-    from serving.gateway.app import GatewayApp
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +67,9 @@ class NotRecorded:
 
     def failures(self) -> int:
         return 0
+
+    async def close(self) -> None:
+        pass
 
 
 def open_ledger(settings: GatewaySettings) -> UsageRecorder | None:
@@ -135,12 +135,12 @@ class UsageEndpoint:
         return 200, build_report(query, rows, self._name_of)
 
 
-def install_usage_reports(app: GatewayApp) -> UsageRecorder | NotRecorded:
-    """Open the app's ledger, serve its reports on the admin API, close it at shutdown."""
-    recorder = open_ledger(app.settings)
-    endpoint = UsageEndpoint(recorder, key_names(app.authenticator))
-    app.admin.add("GET", USAGE_PATH, endpoint.handle)
-    if recorder is None:
-        return NotRecorded()
-    app.async_closers.append(recorder.close)
-    return recorder
+def install_usage_reports(
+    settings: GatewaySettings, admin: AdminApi, authenticator: Authenticator
+) -> UsageRecorder | NotRecorded:
+    """Open the deployment's ledger and serve its reports on `admin`, naming keys as
+    `authenticator`'s stores do; the caller closes the ledger at shutdown (`close`)."""
+    recorder = open_ledger(settings)
+    endpoint = UsageEndpoint(recorder, key_names(authenticator))
+    admin.add("GET", USAGE_PATH, endpoint.handle)
+    return recorder if recorder is not None else NotRecorded()

@@ -18,6 +18,7 @@ import yaml
 from serving.engine.hf_cache import is_hub_name
 from serving.errors import ServingError
 from serving.k8s.sizing import STARTUP_PERIOD_S, EngineSizing, engine_sizing
+from serving.models.tiny_model import MODEL_NAME as TINY_MODEL
 from serving.planner.gpus import GiB, MiB
 from serving.profiles.model import Profile
 from serving.vllm_flags import engine_args, engine_env
@@ -41,7 +42,7 @@ MODEL_BUILDER_IMAGE = "qwen-serving-model-builder"
 GPU_RESOURCE = "nvidia.com/gpu"
 GPU_NODE_LABEL = "nvidia.com/gpu.present"  # set by NVIDIA GPU feature discovery
 # Built-in models the model-builder image can make, by name: the command, the output last.
-BUILD_COMMANDS = {"qwen3-tiny": ["serving", "model", "tiny", "--out"]}
+BUILD_COMMANDS = {TINY_MODEL: ["serving", "model", "tiny", "--out"]}
 # The engine image ships huggingface_hub; downloads are resumable and skip what is present.
 FETCH_SCRIPT = (
     "import sys; from huggingface_hub import snapshot_download; "

@@ -42,13 +42,13 @@ from serving.models.cached_build import (
     run_child_build,
     write_json,
 )
-from serving.models.tiny_model import ensure_tiny_model
+from serving.models.tiny_model import MODEL_NAME, ensure_tiny_model
 from serving.paths import models_dir
 
 # Bump when the builder's code changes what it writes; it is part of the fingerprint.
 BUILDER_VERSION = "1"
 ADAPTER_NAME = "qwen3-tiny-lora"
-BASE_MODEL = "qwen3-tiny"
+BASE_MODEL = MODEL_NAME
 ANSWER = "Team A here."
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"

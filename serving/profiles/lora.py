@@ -17,7 +17,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from serving.paths import BUILTIN_PREFIX
-from serving.vllm_flags import DEFAULT_MAX_LORA_RANK, DEFAULT_MAX_LORAS, LORA_RANKS
+from serving.vllm_limits import DEFAULT_MAX_LORA_RANK, DEFAULT_MAX_LORAS, LORA_RANKS
 
 # A name clients send as `model`: no spaces, and no `,` or `=`, which vLLM's `name=path` form
 # of its adapter list (vllm_flags.py renders it) and comma-separated model lists (keys) split on.

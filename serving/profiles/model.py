@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
 
 from serving.paths import BUILTIN_PREFIX
 from serving.profiles.lora import Lora
-from serving.vllm_flags import DEFAULT_GPU_MEMORY_UTILIZATION
+from serving.vllm_limits import DEFAULT_GPU_MEMORY_UTILIZATION, DEFAULT_STREAM_INTERVAL
 
 # A model reference of this form names a model the project builds itself.
 
@@ -81,7 +81,7 @@ class Profile(BaseModel):
     # would merge Responses streams too, charged per event when cut). Fewer events cost vLLM's
     # API server less per token, which other requests on a busy engine feel
     # (docs/fair-sharing.md). 1: an event per token.
-    stream_interval: int = Field(default=1, ge=1, le=64)
+    stream_interval: int = Field(default=DEFAULT_STREAM_INTERVAL, ge=1, le=64)
     enable_chunked_prefill: bool = True
     enable_prefix_caching: bool = True
     kv_cache_dtype: KvCacheDtype = "auto"

@@ -17,6 +17,7 @@ from bench.gateway_overhead.load import Sample
 from bench.gateway_overhead.profile import summarise
 from bench.gateway_overhead.runner import JSON, LATENCY, STREAM
 from bench.gateway_overhead.upstream import COMPLETION_TOKENS
+from bench.results_files import latest
 
 REPO = Path(__file__).resolve().parents[2]
 PATHS = ("direct", "passthrough", "gateway", "gateway-redis")
@@ -31,7 +32,7 @@ def test_quick_run_writes_sane_results(tmp_path: Path) -> None:
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stderr[-3000:]
 
-    doc: dict[str, Any] = json.loads((tmp_path / "gateway_overhead.json").read_text())
+    doc: dict[str, Any] = json.loads(latest(tmp_path / "gateway_overhead", ".json").read_text())
     assert set(doc["paths"]) == set(PATHS)
     assert doc["skipped"] == {}
     for name in PATHS:
@@ -79,7 +80,7 @@ def test_quick_run_writes_sane_results(tmp_path: Path) -> None:
     pinning = doc["machine"]["pinning"]
     assert "redis-server on core" in pinning or pinning.startswith("not pinned")
 
-    markdown = (tmp_path / "gateway_overhead.md").read_text()
+    markdown = latest(tmp_path / "gateway_overhead").read_text()
     assert "| our gateway (serving gateway) |" in markdown
     assert "| our gateway, Redis quota store (--redis-url) |" in markdown
     assert "req/s vs passthrough" in markdown

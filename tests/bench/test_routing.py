@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from bench.results_files import latest
 from bench.routing.overhead import DEFAULT_PATHS
 from bench.routing.prefix_cache import CACHE_PATHS
 from bench.routing.workload import Shape, conversations
@@ -31,8 +32,8 @@ def _run(tmp_path: Path, *args: str, timeout: float) -> dict[str, Any]:
         [*command, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    doc: dict[str, Any] = json.loads((tmp_path / "routing.json").read_text())
-    assert (tmp_path / "routing.md").read_text().startswith("# Routing across vLLM replicas")
+    doc: dict[str, Any] = json.loads(latest(tmp_path / "routing", ".json").read_text())
+    assert latest(tmp_path / "routing").read_text().startswith("# Routing across vLLM replicas")
     return doc
 
 
@@ -61,7 +62,7 @@ def test_quick_overhead_writes_every_path(tmp_path: Path) -> None:
     # Medians of sums and sums of medians differ a little.
     assert s["proxy_cpu_us_per_req"] == pytest.approx(together, rel=0.25)
     assert part["ratios"]["gw-affinity"]["req_per_s_vs_gw_router"] > 0
-    text = (tmp_path / "routing.md").read_text()
+    text = latest(tmp_path / "routing").read_text()
     assert "| our gateway -> vllm-router (cache_aware) |" in text
     assert "vs our gateway -> vllm-router:" in text
 

@@ -1,7 +1,7 @@
 """Fixtures for gateway tests: one fake upstream per session, gateways per test.
 
 gateway = make_gateway(keys_db=str(keys.path), clock=clock)   # key store + manual time
-record, secret = keys.create("team", limits=Limits(max_concurrency=2))
+record, secret = keys.create(KeySpec("team", limits=Limits(max_concurrency=2)))
 """
 
 from __future__ import annotations

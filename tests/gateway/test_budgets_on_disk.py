@@ -29,6 +29,7 @@ import httpx
 import pytest
 
 from serving.gateway.keys import SqliteKeyStore
+from serving.gateway.keys.record import KeySpec
 from serving.gateway.openai_request import parse_completion_request
 from serving.gateway.quota import Limits
 from serving.gateway.quota.windows import utc_day
@@ -201,9 +202,11 @@ def test_two_gateways_on_one_keys_db_add_up(
     expected = 2 * (REQUESTS_PER_GATEWAY // 2) * (JSON_TOKENS + STREAM_TOKENS)
     headroom = 500  # what the third gateway finds left of the day
     record, secret = keys.create(
-        "shared",
-        limits=Limits(tokens_per_day=expected + headroom, tokens_per_month=1_000_000),
-        model_limits={"fake": Limits(tokens_per_day=1_000_000)},
+        KeySpec(
+            "shared",
+            limits=Limits(tokens_per_day=expected + headroom, tokens_per_month=1_000_000),
+            model_limits={"fake": Limits(tokens_per_day=1_000_000)},
+        )
     )
     first, second = start(gateways, upstream, keys, 2)
 
@@ -234,7 +237,7 @@ def test_two_gateways_on_one_keys_db_add_up(
 def test_a_killed_gateway_keeps_the_charges_it_settled(
     upstream: FakeUpstream, keys: SqliteKeyStore, gateways: list[GatewayProcess], token: str
 ) -> None:
-    record, secret = keys.create("killed", limits=Limits(tokens_per_day=1_000_000))
+    record, secret = keys.create(KeySpec("killed", limits=Limits(tokens_per_day=1_000_000)))
     (gateway,) = start(gateways, upstream, keys, 1)
 
     # A stream that stays open (the fake upstream holds it after one word) until the kill.

@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from serving.gateway.keys import SqliteKeyStore
+from serving.gateway.keys.record import KeySpec
 from serving.gateway.openai_request import parse_completion_request
 from serving.gateway.quota import Limits
 from tests.gateway.conftest import GatewayFactory
@@ -46,7 +47,7 @@ def keyed(make_gateway: GatewayFactory, keys: SqliteKeyStore) -> GatewayServer:
 
 
 def new_key(keys: SqliteKeyStore, limits: Limits = LIMITS, **options: Any) -> tuple[str, str]:
-    record, secret = keys.create("test", limits=limits, **options)
+    record, secret = keys.create(KeySpec("test", limits=limits, **options))
     return record.key_id, secret
 
 

@@ -10,6 +10,7 @@ import aiohttp
 import pytest
 
 from serving.gateway.keys import SqliteKeyStore
+from serving.gateway.keys.record import KeySpec
 from serving.gateway.quota import Limits
 from tests.gateway.conftest import GatewayFactory
 from tests.gateway.fake_upstream import FakeUpstream
@@ -55,7 +56,7 @@ def test_200_concurrent_requests_on_a_key_limited_to_c_admit_exactly_c(
 ) -> None:
     limit, total = 7, 200
     gateway = make_gateway(keys_db=str(keys.path))
-    record, secret = keys.create("busy", limits=Limits(max_concurrency=limit))
+    record, secret = keys.create(KeySpec("busy", limits=Limits(max_concurrency=limit)))
     held = asyncio.Event()
 
     async def scenario() -> list[tuple[int, dict[str, object]]]:
@@ -101,7 +102,7 @@ def test_burst_over_requests_per_minute_admits_exactly_the_limit(
     make_gateway: GatewayFactory, keys: SqliteKeyStore
 ) -> None:
     gateway = make_gateway(keys_db=str(keys.path))
-    record, secret = keys.create("bursty", limits=Limits(rpm=10))
+    record, secret = keys.create(KeySpec("bursty", limits=Limits(rpm=10)))
     body = {"model": "fake", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
     results = asyncio.run(burst(gateway, secret, 60, path="/v1/chat/completions", body=body))
     statuses = [status for status, _ in results]

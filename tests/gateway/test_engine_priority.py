@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from serving.gateway.keys import SqliteKeyStore
+from serving.gateway.keys.record import KeySpec
 from tests.gateway.conftest import GatewayFactory
 from tests.gateway.fake_upstream import FakeUpstream
 from tests.gateway.servers import TEST_KEY
@@ -23,8 +24,8 @@ def test_the_keys_priority_is_sent_only_with_engine_priority(
     on: bool,
 ) -> None:
     gateway = make_gateway(keys_db=str(keys.path), engine_priority=on)
-    _, urgent = keys.create("urgent", priority=-5)
-    _, plain = keys.create("plain")
+    _, urgent = keys.create(KeySpec("urgent", priority=-5))
+    _, plain = keys.create(KeySpec("plain"))
     for secret in (urgent, plain, TEST_KEY):
         for stream in (False, True):
             response = post(gateway, secret, body(max_tokens=2, stream=stream), token)
@@ -37,7 +38,7 @@ def test_a_clients_own_priority_is_refused_whatever_its_key(
     make_gateway: GatewayFactory, keys: SqliteKeyStore, upstream: FakeUpstream, token: str
 ) -> None:
     gateway = make_gateway(keys_db=str(keys.path), engine_priority=True)
-    _, urgent = keys.create("urgent", priority=-5)
+    _, urgent = keys.create(KeySpec("urgent", priority=-5))
     refused = post(gateway, urgent, body(max_tokens=2, priority=-100), token)
     assert refused.status_code == 400
     assert refused.json()["error"]["param"] == "priority"

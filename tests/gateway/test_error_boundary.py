@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from serving.gateway.keys import SqliteKeyStore
+from serving.gateway.keys.record import KeySpec
 from serving.gateway.metrics import NONE
 from serving.gateway.quota import Limits
 from tests.gateway.conftest import GatewayFactory, eventually
@@ -89,7 +90,7 @@ def test_bodies_that_were_500s_are_400s_and_leave_the_key_its_slots(
     # Issue 36's probes: each answered 500 and kept the key's concurrency lease (and, for
     # the deep body, a fair-queue slot) until its TTL or for good.
     gateway = make_gateway(keys_db=str(keys.path), engine_slots=2, reserved_slots=0)
-    _, secret = keys.create("probe", limits=Limits(max_concurrency=2))
+    _, secret = keys.create(KeySpec("probe", limits=Limits(max_concurrency=2)))
     pattern = {"type": "string", "pattern": "a{4294967296}"}
     response_format = {"type": "json_schema", "json_schema": {"name": "x", "schema": pattern}}
     schema_body = json.dumps({"model": "fake", "messages": MESSAGES, "stream": True,

@@ -10,6 +10,7 @@ import threading
 import httpx
 
 from serving.gateway.keys import KeyRecord, SqliteKeyStore
+from serving.gateway.keys.record import KeySpec
 from serving.gateway.quota import Limits
 from tests.gateway.conftest import GatewayFactory, eventually
 from tests.gateway.fake_upstream import FakeUpstream
@@ -58,7 +59,7 @@ def one_slot_taken(
     thread, its response appended to the list once the test releases the gate), and a
     `quiet` key to send the request that has to wait."""
     gateway = make_gateway(keys_db=str(keys.path), engine_slots=1, reserved_slots=0, **options)
-    noisy, quiet = (keys.create(name, limits=LIMITS) for name in ("noisy", "quiet"))
+    noisy, quiet = (keys.create(KeySpec(name, limits=LIMITS)) for name in ("noisy", "quiet"))
     results: list[httpx.Response] = []
     holder = in_background(gateway, noisy[1], token, results)
     assert eventually(lambda: len(upstream.received(token)) == 1, timeout=30)
@@ -138,7 +139,7 @@ def test_a_key_weight_divides_what_it_is_counted_as_served(
     make_gateway: GatewayFactory, keys: SqliteKeyStore
 ) -> None:
     gateway = make_gateway(keys_db=str(keys.path), engine_slots=4)
-    record, secret = keys.create("heavy", limits=LIMITS, weight=4)
+    record, secret = keys.create(KeySpec("heavy", limits=LIMITS, weight=4))
     body = {"model": "fake", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
     with httpx.Client(timeout=30) as client:
         response = client.post(
@@ -160,7 +161,7 @@ def test_a_request_takes_a_slot_per_sequence_and_one_wider_than_a_keys_share_is_
 ) -> None:
     # vLLM runs n x prompts sequences at once: the queue counts every one of them.
     gateway = make_gateway(keys_db=str(keys.path), engine_slots=4, reserved_slots=1)
-    _, secret = keys.create("wide", limits=LIMITS)
+    _, secret = keys.create(KeySpec("wide", limits=LIMITS))
     headers = {"Authorization": f"Bearer {secret}"}
     with httpx.Client(base_url=gateway.url, headers=headers, timeout=30) as client:
         for path, body, param in (

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from serving.gateway.keys import SqliteKeyStore
+from serving.gateway.keys.record import KeySpec
 from serving.gateway.quota import Limits
 from tests.gateway.conftest import GatewayFactory
 from tests.gateway.fake_upstream import FakeUpstream
@@ -32,7 +33,7 @@ GATED = {
 def test_oversized_and_nested_bodies_are_refused_before_quota(
     strict: GatewayServer, keys: SqliteKeyStore, upstream: FakeUpstream, token: str
 ) -> None:
-    record, secret = keys.create("t", limits=Limits(rpm=1))
+    record, secret = keys.create(KeySpec("t", limits=Limits(rpm=1)))
     with http_client(strict.url, key=secret) as http:
         big = http.post(f"/v1/chat/completions?t={token}", content=b"{" + b" " * 2000 + b"}")
         nested = http.post(f"/v1/chat/completions?t={token}", content=b"[" * 400 + b"]" * 400)
@@ -51,7 +52,7 @@ def test_deep_nesting_beyond_the_parser_is_400(
     make_gateway: GatewayFactory, keys: SqliteKeyStore
 ) -> None:
     gateway = make_gateway(keys_db=str(keys.path))
-    record, secret = keys.create("t", limits=Limits(rpm=1))
+    record, secret = keys.create(KeySpec("t", limits=Limits(rpm=1)))
     with http_client(gateway.url, key=secret) as http:
         response = http.post("/v1/chat/completions", content=b"[" * 200_000 + b"]" * 200_000)
     assert response.status_code == 400
@@ -62,7 +63,7 @@ def test_deep_nesting_beyond_the_parser_is_400(
 def test_gateway_is_idle_after_a_mix_of_failures(
     strict: GatewayServer, keys: SqliteKeyStore
 ) -> None:
-    _, secret = keys.create("t", limits=Limits(max_concurrency=2, tpm=100_000))
+    _, secret = keys.create(KeySpec("t", limits=Limits(max_concurrency=2, tpm=100_000)))
     with http_client(strict.url, key=secret) as http:
         for model in ("fake", "fault-reset", "fault-garbage", "fault-500", "fault-in-band"):
             for stream in (False, True):
@@ -96,7 +97,7 @@ def test_a_key_at_its_request_limits_is_refused_before_its_large_body_is_read(
     make_gateway: GatewayFactory, keys: SqliteKeyStore
 ) -> None:
     gateway = make_gateway(keys_db=str(keys.path), body_timeout_s=30)
-    _, secret = keys.create("busy", limits=Limits(rpm=1))
+    _, secret = keys.create(KeySpec("busy", limits=Limits(rpm=1)))
     with http_client(gateway.url, key=secret) as http:
         body = {"model": "fake", "messages": [{"role": "user", "content": "hi"}]}
         assert http.post("/v1/chat/completions", json=body).status_code == 200

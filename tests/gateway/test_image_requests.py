@@ -20,6 +20,7 @@ from PIL import Image
 
 from serving.gateway.images import IMAGE_PART_TOKENS, ImagePolicy
 from serving.gateway.keys import SqliteKeyStore
+from serving.gateway.keys.record import KeySpec
 from serving.gateway.openai_request import BASE_TOKENS, PER_MESSAGE_TOKENS
 from serving.gateway.quota import Limits
 from serving.gateway.settings import GatewaySettings
@@ -78,7 +79,7 @@ def test_an_image_reserves_its_token_count_not_its_base64_length(
 ) -> None:
     url = png_url(1024, 768, noise=True)
     assert len(url) > 2_000_000  # millions of "tokens" if its text were counted
-    _, secret = keys.create("vision", limits=Limits(tpm=5_000))
+    _, secret = keys.create(KeySpec("vision", limits=Limits(tpm=5_000)))
     response = post(keyed, secret, chat([TEXT, image_part(url)]), token)
     assert response.status_code == 200, response.text
     # Written out independently: the message's role and text part as UTF-8 bytes, the
@@ -93,7 +94,7 @@ def test_an_image_reserves_its_token_count_not_its_base64_length(
 
 def reserved(gateway: GatewayServer, keys: SqliteKeyStore, payload: Any, token: str) -> int:
     """Tokens reserved for `payload`, read off the rate-limit headers of a fresh key."""
-    _, secret = keys.create("vision", limits=Limits(tpm=100_000))
+    _, secret = keys.create(KeySpec("vision", limits=Limits(tpm=100_000)))
     response = post(gateway, secret, payload, token)
     assert response.status_code == 200, response.text
     return 100_000 - int(response.headers["x-ratelimit-remaining-tokens"])
@@ -183,7 +184,7 @@ def test_refused_images_are_400s_naming_the_field_and_cost_nothing(
     param: str,
     words: str,
 ) -> None:
-    record, secret = keys.create("vision", limits=Limits(rpm=10, tpm=100_000))
+    record, secret = keys.create(KeySpec("vision", limits=Limits(rpm=10, tpm=100_000)))
     response = post(keyed, secret, chat(*contents), token)
     assert response.status_code == 400, response.text
     error = response.json()["error"]

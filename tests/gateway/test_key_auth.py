@@ -19,6 +19,7 @@ import pytest
 from serving.cli import main as serving_main
 from serving.gateway.keys import KeyRecord, SqliteKeyStore, render_keys_yaml
 from serving.gateway.keys.credentials import hash_secret, new_secret
+from serving.gateway.keys.record import KeySpec
 from serving.gateway.keys.sqlite_store import DATA_VERSION_INTERVAL_S
 from serving.gateway.quota import Limits
 from tests.gateway.conftest import GatewayFactory
@@ -67,8 +68,8 @@ def test_bad_keys_get_identical_401s_and_revocation_is_immediate(
     make_gateway: GatewayFactory, keys: SqliteKeyStore, log_lines: list[str]
 ) -> None:
     gateway = make_gateway(keys_db=str(keys.path), api_keys=(TEST_KEY,), access_log=True)
-    record, secret = keys.create("team", limits=Limits(rpm=100))
-    revoked, revoked_secret = keys.create("gone")
+    record, secret = keys.create(KeySpec("team", limits=Limits(rpm=100)))
+    revoked, revoked_secret = keys.create(KeySpec("gone"))
     keys.revoke(revoked.key_id)
     unknown_id_secret = new_secret()[1]
     wrong_secret = secret[:-4] + ("aaaa" if not secret.endswith("aaaa") else "bbbb")

@@ -12,6 +12,7 @@ from serving.gateway.catalog import ModelCatalog, ModelInfo
 from serving.gateway.completions import served_model
 from serving.gateway.errors import GatewayError, ModelNotFoundError, UpstreamUnavailableError
 from serving.gateway.keys import SqliteKeyStore
+from serving.gateway.keys.record import KeySpec
 from serving.gateway.quota import Limits
 from tests.gateway.conftest import GatewayFactory, eventually
 from tests.gateway.fake_upstream import FakeUpstream
@@ -47,8 +48,8 @@ def _ids(gateway: GatewayServer, secret: str) -> list[str]:
 def test_the_model_list_shows_a_key_only_what_it_may_use(
     keyed: GatewayServer, keys: SqliteKeyStore
 ) -> None:
-    _, everything = keys.create("all")
-    _, adapter_only = keys.create("a", models=["team-a"])
+    _, everything = keys.create(KeySpec("all"))
+    _, adapter_only = keys.create(KeySpec("a", models=["team-a"]))
     assert _ids(keyed, TEST_KEY) == ["fake", "team-a"]
     assert _ids(keyed, everything) == ["fake", "team-a"]
     assert _ids(keyed, adapter_only) == ["team-a"]
@@ -60,7 +61,7 @@ def test_the_model_list_shows_a_key_only_what_it_may_use(
 def test_a_key_bound_to_an_adapter_cannot_reach_the_base_model(
     keyed: GatewayServer, keys: SqliteKeyStore, upstream: FakeUpstream, token: str
 ) -> None:
-    _, secret = keys.create("a", models=["team-a"])
+    _, secret = keys.create(KeySpec("a", models=["team-a"]))
     refused = post(keyed, secret, body("fake", max_tokens=2), token)
     assert refused.status_code == 404
     assert refused.json()["error"]["code"] == "model_not_found"
@@ -71,14 +72,14 @@ def test_a_key_bound_to_an_adapter_cannot_reach_the_base_model(
 def test_a_default_adapter_serves_requests_for_the_base_model(
     keyed: GatewayServer, keys: SqliteKeyStore, upstream: FakeUpstream, token: str
 ) -> None:
-    _, secret = keys.create("a", models=["team-a"], default_adapter="team-a")
+    _, secret = keys.create(KeySpec("a", models=["team-a"], default_adapter="team-a"))
     for stream in (False, True):
         response = post(keyed, secret, body("fake", max_tokens=2, stream=stream), token)
         assert response.status_code == 200, response.text
     assert [sent["model"] for sent in upstream.received(token)] == ["team-a", "team-a"]
     # a key with every model and a default adapter: base-model names are redirected, and a
     # name no engine lists is refused here (it could be a base model the catalog has not seen)
-    _, open_key = keys.create("b", default_adapter="team-a")
+    _, open_key = keys.create(KeySpec("b", default_adapter="team-a"))
     post(keyed, open_key, body("fake", max_tokens=2), token)
     post(keyed, open_key, body("team-a", max_tokens=2), token)
     unknown = post(keyed, open_key, body("made-up", max_tokens=2), token)
@@ -93,7 +94,7 @@ def test_a_default_adapter_no_engine_lists_yet_is_waited_for_not_replaced_by_the
     # the engines list the base model but not the adapter (a runtime adapter not loaded yet,
     # an engine restarting): the request must neither reach the base nor go anywhere
     gateway = make_gateway(keys_db=str(keys.path))
-    _, secret = keys.create("a", default_adapter="team-a")  # no --models: every model
+    _, secret = keys.create(KeySpec("a", default_adapter="team-a"))  # no --models: every model
     refused = post(gateway, secret, body("fake", max_tokens=2), token)
     assert refused.status_code == 503, refused.text
     assert refused.headers["retry-after"] == "1"
@@ -159,7 +160,9 @@ def test_without_a_default_adapter_the_named_model_serves(
 def test_per_adapter_limits_hold_beside_the_key_limits(
     keyed: GatewayServer, keys: SqliteKeyStore, token: str
 ) -> None:
-    _, secret = keys.create("a", models=["fake", "team-a"], model_limits={"team-a": Limits(rpm=1)})
+    _, secret = keys.create(
+        KeySpec("a", models=["fake", "team-a"], model_limits={"team-a": Limits(rpm=1)})
+    )
     assert post(keyed, secret, body("team-a", max_tokens=2), token).status_code == 200
     second = post(keyed, secret, body("team-a", max_tokens=2), token)
     assert second.status_code == 429

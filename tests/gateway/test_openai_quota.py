@@ -16,6 +16,7 @@ import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
 from serving.gateway.keys import SqliteKeyStore
+from serving.gateway.keys.record import KeySpec
 from serving.gateway.openai_request import parse_completion_request
 from serving.gateway.quota import Limits, ManualClock
 from tests.gateway.conftest import GatewayFactory
@@ -50,7 +51,7 @@ def test_stream_over_tokens_per_minute_is_refused_up_front_then_allowed_after_th
 ) -> None:
     clock = ManualClock()
     gateway = make_gateway(keys_db=str(keys.path), clock=clock)
-    _, secret = keys.create("tpm", limits=Limits(tpm=ESTIMATE + 90))
+    _, secret = keys.create(KeySpec("tpm", limits=Limits(tpm=ESTIMATE + 90)))
     with client(gateway, secret) as api:
         assert stream_text(api, 50) == "one two three four"  # reserves 50, charged 3 + 4
         # The client has [DONE] before the gateway's handler settles the request (a busy
@@ -76,7 +77,7 @@ def test_spent_daily_budget_is_insufficient_quota(
 ) -> None:
     clock = ManualClock()
     gateway = make_gateway(keys_db=str(keys.path), clock=clock)
-    record, secret = keys.create("budget", limits=Limits(tokens_per_day=ESTIMATE + 12))
+    record, secret = keys.create(KeySpec("budget", limits=Limits(tokens_per_day=ESTIMATE + 12)))
     with client(gateway, secret) as api:
         reply = api.chat.completions.create(model="fake", messages=MESSAGES, max_tokens=12)
         assert reply.usage is not None and reply.usage.total_tokens == 5
@@ -93,7 +94,7 @@ def test_client_honours_retry_after_for_a_busy_key(
     make_gateway: GatewayFactory, keys: SqliteKeyStore, upstream: FakeUpstream, token: str
 ) -> None:
     gateway = make_gateway(keys_db=str(keys.path))
-    record, secret = keys.create("one-at-a-time", limits=Limits(max_concurrency=1))
+    record, secret = keys.create(KeySpec("one-at-a-time", limits=Limits(max_concurrency=1)))
     holder_done: list[str] = []
 
     def hold() -> None:

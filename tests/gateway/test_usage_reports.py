@@ -17,6 +17,7 @@ import pytest
 
 from serving import cli
 from serving.gateway.keys import SqliteKeyStore
+from serving.gateway.keys.record import KeySpec
 from serving.gateway.usage_ledger import recorder
 from serving.gateway.usage_ledger import report as report_module
 from serving.gateway.usage_ledger.days import DAY_S, utc_day
@@ -128,7 +129,7 @@ def test_without_an_admin_key_the_route_does_not_exist(make_gateway: GatewayFact
 def test_a_tenant_key_gets_401_and_bad_queries_a_400_naming_the_parameter(
     make_gateway: GatewayFactory, keys: SqliteKeyStore
 ) -> None:
-    _, tenant = keys.create("team-a")
+    _, tenant = keys.create(KeySpec("team-a"))
     gateway = make_gateway(keys_db=str(keys.path), admin_keys=(ADMIN_KEY,))
     for key in (TEST_KEY, tenant):
         response = report(gateway, today_query(), key=key)
@@ -180,8 +181,8 @@ def test_a_gateway_with_nowhere_durable_records_nothing_and_says_so(
 def test_the_report_equals_the_counters_and_the_reported_usage(
     make_gateway: GatewayFactory, keys: SqliteKeyStore, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    _, team_a = keys.create("team-a")
-    _, team_b = keys.create("team-b")
+    _, team_a = keys.create(KeySpec("team-a"))
+    _, team_b = keys.create(KeySpec("team-b"))
     gateway = make_gateway(keys_db=str(keys.path), admin_keys=(ADMIN_KEY,))
     seen: dict[str, list[int]] = {}
     for key in (team_a, team_b, TEST_KEY, team_a):
@@ -233,7 +234,7 @@ def test_replicas_sharing_redis_add_into_one_report(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     redis_server.flush()
-    _, team_a = keys.create("team-a")
+    _, team_a = keys.create(KeySpec("team-a"))
     replicas = [
         make_gateway(keys_db=str(keys.path), redis_url=redis_server.url, admin_keys=(ADMIN_KEY,))
         for _ in range(2)

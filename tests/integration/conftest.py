@@ -126,7 +126,8 @@ Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 def scrape(url: str) -> Samples:
     """One sample of a Prometheus endpoint, by (name, labels)."""
-    response = httpx.get(f"{url}/metrics", timeout=10)
+    # generous: a gateway under a flood on a busy 2-core machine answers late, not never
+    response = httpx.get(f"{url}/metrics", timeout=30)
     assert response.status_code == 200, response.text[:300]
     return {
         (sample.name, frozenset(sample.labels.items())): sample.value

@@ -33,11 +33,11 @@ import pytest
 
 from serving.engine.process import http_ok
 from serving.gateway.settings import GatewaySettings
+from serving.models.tiny_model import MODEL_NAME as MODEL
 from tests.integration.conftest import REPO, Stack, eventually, scrape, serving_env, total
 from tests.integration.test_gateway_quota import create_key, idle
 from tests.ports import free_port
 
-MODEL = "qwen3-tiny"
 FLOOD = 40  # streams the noisy key keeps going: 2.5x the engine's 16 sequences
 NOISY_TOKENS = 256
 QUIET_REQUESTS = 5

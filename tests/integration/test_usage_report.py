@@ -22,6 +22,7 @@ import pytest
 from openai.types.chat import ChatCompletionStreamOptionsParam
 
 from serving.gateway.keys import SqliteKeyStore
+from serving.gateway.keys.record import KeySpec
 from serving.gateway.settings import GatewaySettings
 from serving.gateway.usage_ledger.days import DAY_S, utc_day
 from serving.gateway.usage_reports import USAGE_PATH
@@ -122,8 +123,8 @@ def test_the_report_equals_the_responses_the_gateway_and_vllm(
     stack: Stack, gateway: GatewayServer, keys_db: Path
 ) -> None:
     keys = SqliteKeyStore(keys_db)
-    team_a, secret_a = keys.create("team-a")
-    team_b, secret_b = keys.create("team-b")
+    team_a, secret_a = keys.create(KeySpec("team-a"))
+    team_b, secret_b = keys.create(KeySpec("team-b"))
     keys.close()
     eventually(lambda: idle(stack, gateway))
     before = vllm_tokens(stack)

@@ -23,7 +23,8 @@ from typing import Any
 
 from aiohttp import web
 
-MODEL = "qwen3-tiny"
+from serving.models.tiny_model import MODEL_NAME as MODEL
+
 MAX_NUM_SEQS = 16
 
 

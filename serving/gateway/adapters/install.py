@@ -1,6 +1,8 @@
 """Runtime adapters in a running gateway: the registry, the sync job and the admin routes.
 
-    self.adapters = install_adapters(self)   # in GatewayApp.__init__, after admin and catalog
+    adapters = install_adapters(settings, router, catalog, admin)   # by `assembly.assemble`
+    adapters.first_round(); adapters.start() ... adapters.stop()    # the lifespan
+    adapters.close()                                                # the registry, at the end
 
 With `runtime_adapters` off the admin routes answer 403 and nothing runs. On, the registry
 lives in Redis with `redis_url` (every replica reads the same set), else in keys.db; the sync
@@ -13,7 +15,6 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from serving.gateway.adapters.admin import AdapterRoutes
 from serving.gateway.adapters.registry import (
@@ -23,10 +24,11 @@ from serving.gateway.adapters.registry import (
     SqliteAdapterRegistry,
 )
 from serving.gateway.adapters.sync import AdapterSync
+from serving.gateway.admin.api import AdminApi
+from serving.gateway.catalog import ModelCatalog
 from serving.gateway.periodic import Periodic
-
-if TYPE_CHECKING:
-    from serving.gateway.app import GatewayApp
+from serving.gateway.routing.router import Router
+from serving.gateway.settings import GatewaySettings
 
 logger = logging.getLogger(__name__)
 
@@ -59,9 +61,17 @@ class RuntimeAdapters:
         if self._job is not None:
             await self._job.stop()
 
+    def close(self) -> None:
+        """The registry's connection (blocking: the lifespan calls it off the event loop)."""
+        if self.sync is not None:
+            self.sync.registry.close()
 
-def install_adapters(app: GatewayApp) -> RuntimeAdapters:
-    settings = app.settings
+
+def install_adapters(
+    settings: GatewaySettings, router: Router, catalog: ModelCatalog, admin: AdminApi
+) -> RuntimeAdapters:
+    """The registry and its sync over `router`'s engines (when `runtime_adapters` is on), and
+    the adapter routes on `admin`; the caller closes it at shutdown (`close`)."""
     sync: AdapterSync | None = None
     if settings.runtime_adapters:
         registry: AdapterRegistry
@@ -70,8 +80,7 @@ def install_adapters(app: GatewayApp) -> RuntimeAdapters:
         else:
             assert settings.keys_db is not None  # the settings require one of the two
             registry = SqliteAdapterRegistry(Path(settings.keys_db))
-        app.closers.append(registry.close)
-        sync = AdapterSync(registry, app.router, app.catalog)
-    routes = AdapterRoutes(sync, app.router, app.catalog, retry_after_s=settings.retry_after_s)
-    routes.register(app.admin)
+        sync = AdapterSync(registry, router, catalog)
+    routes = AdapterRoutes(sync, router, catalog, retry_after_s=settings.retry_after_s)
+    routes.register(admin)
     return RuntimeAdapters(sync, interval_s=settings.health_interval_s)

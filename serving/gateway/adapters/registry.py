@@ -28,7 +28,8 @@ from redis import Redis
 from redis.exceptions import RedisError
 
 from serving.errors import ServingError
-from serving.gateway.keys.redis_store import DEFAULT_NAMESPACE
+from serving.gateway.keys.redis_store import DEFAULT_NAMESPACE, DEFAULT_TIMEOUT_S
+from serving.gateway.quota.sqlite_db import connect
 
 
 class AdapterStoreUnavailable(ServingError):
@@ -78,7 +79,7 @@ class SqliteAdapterRegistry:
         self.path = path
         self._lock = threading.Lock()
         try:
-            self._conn = sqlite3.connect(path, timeout=5.0, check_same_thread=False)
+            self._conn = connect(path)
             self._conn.execute(_SCHEMA)
             self._conn.commit()
         except sqlite3.Error as exc:
@@ -128,7 +129,7 @@ class RedisAdapterRegistry:
         self._key = "{" + namespace + "}:lora_adapters"
 
     @classmethod
-    def from_url(cls, url: str, *, timeout_s: float = 2.0) -> RedisAdapterRegistry:
+    def from_url(cls, url: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> RedisAdapterRegistry:
         try:
             client = Redis.from_url(
                 url, decode_responses=True, socket_timeout=timeout_s,

@@ -10,13 +10,14 @@ imported from their modules, not from here: importing redis-py takes about 0.2 s
 
 from serving.gateway.keys.credentials import hash_secret, is_key_id, key_id_of, new_secret
 from serving.gateway.keys.file_store import FileKeyStore, load_keys_file, render_keys_yaml
-from serving.gateway.keys.record import KeyRecord
+from serving.gateway.keys.record import KeyRecord, KeySpec
 from serving.gateway.keys.sqlite_store import SqliteKeyStore
 from serving.gateway.keys.store import KeyStore
 
 __all__ = [
     "FileKeyStore",
     "KeyRecord",
+    "KeySpec",
     "KeyStore",
     "SqliteKeyStore",
     "hash_secret",

@@ -18,8 +18,8 @@ The declarative form, one entry of a keys file:
     priority: -1                      # optional (default 0): vLLM's priority for its requests,
                                       # lower first (with --engine-priority)
 
-`new_records` is how every writer makes a new key: the fields checked once, an id and secret
-drawn, the secret hashed.
+`new_records` is how every writer makes a new key from a `KeySpec` (what was asked for): the
+fields checked once, an id and secret drawn, the secret hashed.
 """
 
 from __future__ import annotations
@@ -54,6 +54,23 @@ _FIELDS = {
 }
 MAX_WEIGHT = 1000
 MAX_PRIORITY = 100  # priority classes run from -MAX_PRIORITY (first) to MAX_PRIORITY
+
+
+@dataclass(frozen=True, slots=True)
+class KeySpec:
+    """A new key as asked for, not yet checked: what every store's `create` and
+    `new_records` take, so the fields are listed once.
+
+    Usage: `store.create(KeySpec("team-a", limits=Limits(rpm=60), models=["qwen3-tiny"]))`.
+    """
+
+    name: str
+    limits: Limits = NO_LIMITS
+    models: Sequence[str] = ()  # empty: every model
+    model_limits: Mapping[str, Limits] | None = None
+    weight: int = 1
+    default_adapter: str | None = None
+    priority: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,29 +182,19 @@ def check_default_adapter(value: object, models: tuple[str, ...], *, where: str)
     return value
 
 
-def new_records(
-    name: str,
-    *,
-    limits: Limits = NO_LIMITS,
-    models: Sequence[str] = (),
-    model_limits: Mapping[str, Limits] | None = None,
-    weight: int = 1,
-    default_adapter: str | None = None,
-    priority: int = 0,
-    now: datetime | None = None,
-) -> Iterator[tuple[KeyRecord, str]]:
+def new_records(spec: KeySpec, *, now: datetime | None = None) -> Iterator[tuple[KeyRecord, str]]:
     """Up to `ID_ATTEMPTS` candidates `(record, secret)` for one new key, each with a freshly
     drawn id: a store keeps the first whose id is free. The fields are checked before the
     first is drawn; errors name them (`name`, `models`, `model_limits`, ...)."""
-    checked_name = check_name(name, where="name")
-    checked_models = check_models(list(models), where="models")
-    checked_model_limits = dict(model_limits or {})
+    checked_name = check_name(spec.name, where="name")
+    checked_models = check_models(list(spec.models), where="models")
+    checked_model_limits = dict(spec.model_limits or {})
     check_model_limits(checked_model_limits, checked_models, where="model_limits")
-    checked_weight = check_weight(weight, where="weight")
+    checked_weight = check_weight(spec.weight, where="weight")
     checked_adapter = check_default_adapter(
-        default_adapter, checked_models, where="default_adapter"
+        spec.default_adapter, checked_models, where="default_adapter"
     )
-    checked_priority = check_priority(priority, where="priority")
+    checked_priority = check_priority(spec.priority, where="priority")
     created_at = (now or datetime.now(UTC)).replace(microsecond=0)
     for _ in range(ID_ATTEMPTS):
         key_id, secret = new_secret()
@@ -196,7 +203,7 @@ def new_records(
             name=checked_name,
             secret_sha256=hash_secret(secret),
             created_at=created_at,
-            limits=limits,
+            limits=spec.limits,
             models=checked_models,
             model_limits=checked_model_limits,
             weight=checked_weight,

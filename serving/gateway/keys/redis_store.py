@@ -2,7 +2,7 @@
 
     store = RedisKeyStore.from_url("redis://:PASSWORD@redis:6379/0")
     store.refresh()                                  # load, or reload if anything changed
-    record, secret = store.create("team-a", limits=Limits(rpm=60))
+    record, secret = store.create(KeySpec("team-a", limits=Limits(rpm=60)))
     store.authenticate(secret)                       # from memory: no round trip
 
 Layout, under a namespace (default `qwen-serving:keys`) written in braces, a hash tag, so
@@ -38,7 +38,7 @@ from __future__ import annotations
 import json
 import logging
 import secrets
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -48,14 +48,14 @@ from redis import Redis
 from redis.exceptions import RedisError
 
 from serving.errors import ServingError
-from serving.gateway.keys.record import NO_LIMITS, KeyRecord, new_records
+from serving.gateway.keys.record import KeyRecord, KeySpec, new_records
 from serving.gateway.keys.store import authenticate_with
-from serving.gateway.quota.limits import Limits
 
 log = logging.getLogger(__name__)
 
 DEFAULT_NAMESPACE = "qwen-serving:keys"
 # Off the request path: generous, so a busy Redis is waited for, a lost one not for long.
+# Also the usage ledger's and the adapter registry's, which are off it too.
 DEFAULT_TIMEOUT_S = 2.0
 URL_FORMS = "redis://[:PASSWORD@]HOST[:PORT][/DB], rediss://... or unix://PATH"
 
@@ -139,29 +139,9 @@ class RedisKeyStore:
         self._snapshot = _Snapshot(version, _parse(documents, revoked))
         return True
 
-    def create(
-        self,
-        name: str,
-        *,
-        limits: Limits = NO_LIMITS,
-        models: Sequence[str] = (),
-        model_limits: Mapping[str, Limits] | None = None,
-        weight: int = 1,
-        default_adapter: str | None = None,
-        priority: int = 0,
-        now: datetime | None = None,
-    ) -> tuple[KeyRecord, str]:
+    def create(self, spec: KeySpec, *, now: datetime | None = None) -> tuple[KeyRecord, str]:
         """Store a new key; returns it with its secret, which exists nowhere else."""
-        candidates = new_records(
-            name,
-            limits=limits,
-            models=models,
-            model_limits=model_limits,
-            weight=weight,
-            default_adapter=default_adapter,
-            priority=priority,
-            now=now,
-        )
+        candidates = new_records(spec, now=now)
         for record, secret in candidates:
             with self._redis_errors(), self._client.pipeline(transaction=True) as pipe:
                 # HSETNX: an id another writer took is never overwritten. Bumping the

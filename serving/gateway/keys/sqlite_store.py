@@ -16,14 +16,13 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 
 from serving.errors import ServingError
-from serving.gateway.keys.record import NO_LIMITS, KeyRecord, format_time, new_records
+from serving.gateway.keys.record import KeyRecord, KeySpec, format_time, new_records
 from serving.gateway.keys.store import authenticate_with
-from serving.gateway.quota.limits import Limits
+from serving.gateway.quota.sqlite_db import connect
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS api_keys (
@@ -49,11 +48,12 @@ class SqliteKeyStore:
         # Hashes only, but still nobody else's business: create the file owner-only
         # (SQLite gives its -wal and -shm files the same mode).
         os.close(os.open(path, os.O_CREAT | os.O_RDWR, 0o600))
-        self._conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        self._conn = connect(path)
         self._lock = threading.Lock()
         self._cache: dict[str, KeyRecord] = {}
         with self._lock:
-            self._conn.execute("PRAGMA busy_timeout = 5000")
+            # WAL so the CLI writes while gateways read; SQLite's own synchronous=FULL (not
+            # connect_wal's NORMAL), so a created or revoked key survives a power cut.
             self._conn.execute("PRAGMA journal_mode = WAL")
             self._conn.execute(_SCHEMA)
             self._data_version = self._read_data_version()
@@ -92,29 +92,9 @@ class SqliteKeyStore:
     def authenticate(self, secret: str) -> KeyRecord | None:
         return authenticate_with(self, secret)
 
-    def create(
-        self,
-        name: str,
-        *,
-        limits: Limits = NO_LIMITS,
-        models: Sequence[str] = (),
-        model_limits: Mapping[str, Limits] | None = None,
-        weight: int = 1,
-        default_adapter: str | None = None,
-        priority: int = 0,
-        now: datetime | None = None,
-    ) -> tuple[KeyRecord, str]:
+    def create(self, spec: KeySpec, *, now: datetime | None = None) -> tuple[KeyRecord, str]:
         """Store a new key; returns it with its secret, which exists nowhere else."""
-        candidates = new_records(
-            name,
-            limits=limits,
-            models=models,
-            model_limits=model_limits,
-            weight=weight,
-            default_adapter=default_adapter,
-            priority=priority,
-            now=now,
-        )
+        candidates = new_records(spec, now=now)
         for record, secret in candidates:
             try:
                 self._insert(record)

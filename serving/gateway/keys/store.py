@@ -6,13 +6,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Protocol
 
 from serving.gateway.keys.credentials import hash_secret, key_id_of, secret_matches
-from serving.gateway.keys.record import NO_LIMITS, KeyRecord
-from serving.gateway.quota.limits import Limits
+from serving.gateway.keys.record import KeyRecord, KeySpec
 
 # Compared against when the claimed id is unknown, so that case costs the same hash and
 # compare as a wrong secret for a real id.
@@ -41,18 +40,7 @@ class WritableKeyStore(KeyStore, Protocol):
         """Where the keys are, for messages: a file's path, Redis's address (no password)."""
         ...
 
-    def create(
-        self,
-        name: str,
-        *,
-        limits: Limits = NO_LIMITS,
-        models: Sequence[str] = (),
-        model_limits: Mapping[str, Limits] | None = None,
-        weight: int = 1,
-        default_adapter: str | None = None,
-        priority: int = 0,
-        now: datetime | None = None,
-    ) -> tuple[KeyRecord, str]:
+    def create(self, spec: KeySpec, *, now: datetime | None = None) -> tuple[KeyRecord, str]:
         """Store a new key; returns it with its secret, which is stored nowhere."""
         ...
 

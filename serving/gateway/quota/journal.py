@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Literal, NamedTuple, Protocol
 
 from serving.gateway.quota.limits import Scope
+from serving.gateway.quota.sqlite_db import DEFAULT_BUSY_TIMEOUT_S, connect_wal
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +52,6 @@ BudgetKind = Literal["day", "month"]
 # (key_id, model: '' for the key-wide scope, kind, period)
 RowKey = tuple[str, str, BudgetKind, str]
 
-DEFAULT_BUSY_TIMEOUT_S = 5.0
 DEFAULT_CLOSE_TIMEOUT_S = 10.0
 COMMIT_INTERVAL_S = 0.05
 RETRY_FIRST_S = 0.05
@@ -108,17 +108,6 @@ _MARK = (
     "INSERT INTO quota_budget_writers (writer, batch, written_on) VALUES (?, ?, ?)"
     " ON CONFLICT (writer) DO UPDATE SET batch = excluded.batch, written_on = excluded.written_on"
 )
-
-
-def connect_wal(path: Path, busy_timeout_s: float) -> sqlite3.Connection:
-    """keys.db opened for writers sharing it: WAL, NORMAL sync, a busy timeout (the budget
-    journal and the usage ledger)."""
-    # Autocommit mode: transactions are the explicit BEGIN IMMEDIATE ... COMMIT below.
-    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-    conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
-    conn.execute("PRAGMA journal_mode = WAL")
-    conn.execute("PRAGMA synchronous = NORMAL")
-    return conn
 
 
 def _utc_day(days_ago: int = 0) -> str:

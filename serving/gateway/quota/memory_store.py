@@ -178,13 +178,7 @@ class InMemoryQuotaStore:
         now = self._clock.monotonic()
         day, month = self._periods.at(self._clock.wall())
         state = self._counters(scope).state(bucket_of(now), day, month)
-        return ScopeUsage(
-            in_flight=state.in_flight,
-            requests_in_window=state.requests.used,
-            tokens_in_window=state.tokens.used,
-            tokens_today=state.tokens_today,
-            tokens_this_month=state.tokens_this_month,
-        )
+        return ScopeUsage.of(state)
 
     def _counters(self, scope: Scope) -> _Counters:
         counters = self._scopes.get(scope)

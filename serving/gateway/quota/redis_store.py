@@ -307,13 +307,7 @@ class RedisQuotaStore:
 
     async def usage(self, scope: Scope) -> ScopeUsage:
         _, (state,) = await self._snapshot([scope])
-        return ScopeUsage(
-            in_flight=state.in_flight,
-            requests_in_window=state.requests.used,
-            tokens_in_window=state.tokens.used,
-            tokens_today=state.tokens_today,
-            tokens_this_month=state.tokens_this_month,
-        )
+        return ScopeUsage.of(state)
 
     # -- calling Redis ------------------------------------------------------------------
 

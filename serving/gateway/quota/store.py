@@ -26,7 +26,13 @@ import secrets
 from collections.abc import Sequence
 from typing import NamedTuple, Protocol
 
-from serving.gateway.quota.decision import Lease, LeaseState, RateLimitStatus, Refusal
+from serving.gateway.quota.decision import (
+    Lease,
+    LeaseState,
+    RateLimitStatus,
+    Refusal,
+    ScopeState,
+)
 from serving.gateway.quota.limits import Scope, ScopedLimits
 
 # The largest reservation a store books: every counter stays an exact integer in each store
@@ -68,6 +74,17 @@ class ScopeUsage(NamedTuple):
     tokens_in_window: int
     tokens_today: int
     tokens_this_month: int
+
+    @classmethod
+    def of(cls, state: ScopeState) -> ScopeUsage:
+        """The usage a store reports from the state it decides on (every store's `usage`)."""
+        return cls(
+            in_flight=state.in_flight,
+            requests_in_window=state.requests.used,
+            tokens_in_window=state.tokens.used,
+            tokens_today=state.tokens_today,
+            tokens_this_month=state.tokens_this_month,
+        )
 
 
 class InDoubt(NamedTuple):

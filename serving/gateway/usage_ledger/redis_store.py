@@ -26,13 +26,12 @@ import asyncio
 from collections import defaultdict
 from urllib.parse import quote
 
+from serving.gateway.keys.redis_store import DEFAULT_TIMEOUT_S
 from serving.gateway.quota.redis_client import Arg, LuaScript, RedisClient
 from serving.gateway.usage_ledger.days import DAY_S, DEFAULT_RETENTION_DAYS, days_from, expires_at
 from serving.gateway.usage_ledger.tally import Batch, UsageRow
 
 DEFAULT_NAMESPACE = "qwen-serving:usage"
-# Off the request path: a busy Redis is waited for; a failed write is retried anyway.
-DEFAULT_TIMEOUT_S = 2.0
 MARK_TTL_S = DAY_S
 KINDS = ("prompt", "completion")
 

@@ -27,11 +27,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from serving.gateway.quota.journal import connect_wal
+from serving.gateway.quota.sqlite_db import DEFAULT_BUSY_TIMEOUT_S, connect, connect_wal
 from serving.gateway.usage_ledger.days import DEFAULT_RETENTION_DAYS, oldest_kept, utc_day
 from serving.gateway.usage_ledger.tally import Batch, UsageRow
 
-DEFAULT_BUSY_TIMEOUT_S = 5.0
 # A writer's mark is needed only while it may still retry; a month is plenty.
 WRITER_MARK_DAYS = 31
 
@@ -87,8 +86,7 @@ def read_usage_file(
     if key_id is not None:
         sql += " AND key_id = ?"
         args.append(key_id)
-    with contextlib.closing(sqlite3.connect(path)) as conn:
-        conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
+    with contextlib.closing(connect(path, busy_timeout_s)) as conn:
         try:
             found = conn.execute(sql + " ORDER BY day, key_id, model", args).fetchall()
         except sqlite3.OperationalError as exc:

@@ -63,8 +63,8 @@ def test_a_key_in_redis_works_on_every_replica_until_it_is_revoked(
 
 
 def test_a_gateway_that_cannot_load_the_keys_starts_unready_until_redis_answers(
+    own_redis: RedisServer,  # first: torn down after the gateway, which writes to it on close
     make_gateway: GatewayFactory,
-    own_redis: RedisServer,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     _, secret = create_key(capsys, own_redis.url, "made-before")

@@ -11,6 +11,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from serving.gateway.keys.record import KeySpec
 from serving.gateway.keys.redis_refresh import RedisKeyRefresh
 from serving.gateway.keys.redis_store import KeyStoreUnavailable, RedisKeyStore
 from tests.gateway.keys.conftest import StoreFactory
@@ -31,7 +32,7 @@ def test_rounds_in_the_background_pick_up_a_new_key(
         await refresh.load()
         refresh.start()
         try:
-            _, secret = cli.create("team-a")
+            _, secret = cli.create(KeySpec("team-a"))
             deadline = time.monotonic() + DEADLINE_S
             while refresh.store.authenticate(secret) is None:
                 if time.monotonic() > deadline:
@@ -47,7 +48,7 @@ def test_rounds_in_the_background_pick_up_a_new_key(
 def test_a_black_holed_redis_keeps_the_snapshot_and_is_logged_once(
     redis_keys: StoreFactory, own_redis: RedisServer, caplog: pytest.LogCaptureFixture
 ) -> None:
-    record, secret = redis_keys(own_redis.url).create("team-a")
+    record, secret = redis_keys(own_redis.url).create(KeySpec("team-a"))
     refresh = RedisKeyRefresh(redis_keys(own_redis.url, timeout_s=TIMEOUT_S))
     password = str(urlsplit(own_redis.url).password)
 

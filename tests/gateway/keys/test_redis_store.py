@@ -16,6 +16,7 @@ from redis import Redis
 from serving.errors import ServingError
 from serving.gateway.keys import record as record_module
 from serving.gateway.keys.credentials import hash_secret
+from serving.gateway.keys.record import KeySpec
 from serving.gateway.keys.redis_store import KeyStoreUnavailable, RedisKeyStore
 from serving.gateway.quota import Limits
 from tests.gateway.keys.conftest import StoreFactory
@@ -30,18 +31,20 @@ def url(redis_server: RedisServer) -> str:
 def test_create_get_list_round_trip(redis_keys: StoreFactory, url: str) -> None:
     store = redis_keys(url)
     record, secret = store.create(
-        "team-a",
-        limits=Limits(rpm=60, tpm=20_000, max_tokens=512),
-        models=["m1", "m2"],
-        model_limits={"m1": Limits(rpm=5)},
-        weight=4,
-        default_adapter="m1",
+        KeySpec(
+            "team-a",
+            limits=Limits(rpm=60, tpm=20_000, max_tokens=512),
+            models=["m1", "m2"],
+            model_limits={"m1": Limits(rpm=5)},
+            weight=4,
+            default_adapter="m1",
+        )
     )
     assert (record.weight, record.default_adapter) == (4, "m1")
     assert record.secret_sha256 == hash_secret(secret)
     assert not record.revoked
     assert store.get(record.key_id) == record  # its own write, at once
-    other, _ = store.create("team-b", now=record.created_at + timedelta(seconds=1))
+    other, _ = store.create(KeySpec("team-b"), now=record.created_at + timedelta(seconds=1))
     assert store.list_keys() == [record, other]  # oldest first
     assert store.get("key_00000000") is None
     assert store.authenticate(secret) == record
@@ -56,7 +59,7 @@ def test_a_key_created_by_one_store_authenticates_on_another_after_a_refresh(
     cli, gateway = redis_keys(url), redis_keys(url)
     assert not gateway.loaded
     assert gateway.refresh() and gateway.loaded and gateway.list_keys() == []
-    record, secret = cli.create("team-a")
+    record, secret = cli.create(KeySpec("team-a"))
     assert gateway.authenticate(secret) is None  # not until it refreshes: no I/O per lookup
     assert gateway.refresh()
     assert gateway.authenticate(secret) == record
@@ -67,7 +70,7 @@ def test_a_revocation_is_seen_by_another_store_within_one_refresh(
     redis_keys: StoreFactory, url: str
 ) -> None:
     cli, gateway = redis_keys(url), redis_keys(url)
-    record, secret = cli.create("team-a")
+    record, secret = cli.create(KeySpec("team-a"))
     gateway.refresh()
     assert gateway.authenticate(secret) == record
     assert cli.revoke(record.key_id).revoked
@@ -83,7 +86,7 @@ def test_authenticate_rejects_wrong_malformed_unknown_and_revoked(
     redis_keys: StoreFactory, url: str
 ) -> None:
     store = redis_keys(url)
-    record, secret = store.create("team-a")
+    record, secret = store.create(KeySpec("team-a"))
     wrong = secret[:-1] + ("a" if secret[-1] != "a" else "b")
     assert store.authenticate(wrong) is None
     assert store.authenticate("not a key") is None
@@ -96,7 +99,7 @@ def test_revoke_twice_is_fine_and_an_unknown_id_is_an_error(
     redis_keys: StoreFactory, url: str
 ) -> None:
     store = redis_keys(url)
-    record, _ = store.create("team-a")
+    record, _ = store.create(KeySpec("team-a"))
     assert store.revoke(record.key_id).revoked
     assert store.revoke(record.key_id).revoked
     with pytest.raises(ServingError, match=r"key id 'key_00000000': no such key in Redis at "):
@@ -106,9 +109,9 @@ def test_revoke_twice_is_fine_and_an_unknown_id_is_an_error(
 def test_create_validates_its_fields(redis_keys: StoreFactory, url: str) -> None:
     store = redis_keys(url)
     with pytest.raises(ServingError, match=r"^name must be a non-empty string"):
-        store.create("  ")
+        store.create(KeySpec("  "))
     with pytest.raises(ServingError, match=r"^model_limits: model 'm9' is not in the key's models"):
-        store.create("x", models=["m1"], model_limits={"m9": Limits(rpm=1)})
+        store.create(KeySpec("x", models=["m1"], model_limits={"m9": Limits(rpm=1)}))
     store.refresh()
     assert store.list_keys() == []
 
@@ -117,7 +120,7 @@ def test_id_collisions_draw_a_new_id(
     redis_keys: StoreFactory, url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store = redis_keys(url)
-    first, first_secret = store.create("a")
+    first, first_secret = store.create(KeySpec("a"))
     draws = iter(
         [
             (first.key_id, "sk-" + first.key_id[4:] + "-" + "a" * 40),
@@ -125,7 +128,7 @@ def test_id_collisions_draw_a_new_id(
         ]
     )
     monkeypatch.setattr(record_module, "new_secret", lambda: next(draws))
-    second, secret = store.create("b")
+    second, secret = store.create(KeySpec("b"))
     assert second.key_id == "key_0000abcd"
     assert store.authenticate(secret) == second
     assert store.authenticate(first_secret) == first  # the taken id was not overwritten
@@ -133,7 +136,7 @@ def test_id_collisions_draw_a_new_id(
 
 def test_only_digests_are_in_redis(redis_keys: StoreFactory, own_redis: RedisServer) -> None:
     store = redis_keys(own_redis.url)
-    secrets = [store.create(f"key-{n}", limits=Limits(rpm=n + 1))[1] for n in range(5)]
+    secrets = [store.create(KeySpec(f"key-{n}", limits=Limits(rpm=n + 1)))[1] for n in range(5)]
     store.revoke(store.list_keys()[0].key_id)
     client = Redis.from_url(own_redis.url, decode_responses=True)
     try:
@@ -161,7 +164,7 @@ def test_the_snapshot_stays_while_redis_is_gone(
     redis_keys: StoreFactory, own_redis: RedisServer
 ) -> None:
     cli, gateway = redis_keys(own_redis.url), redis_keys(own_redis.url, timeout_s=1.0)
-    record, secret = cli.create("team-a")
+    record, secret = cli.create(KeySpec("team-a"))
     gateway.refresh()
     own_redis.kill()
     with pytest.raises(KeyStoreUnavailable) as raised:
@@ -211,8 +214,8 @@ def test_a_record_that_does_not_parse_is_left_out_and_the_rest_load(
 ) -> None:
     namespace = f"test-{uuid.uuid4().hex}"
     store = redis_keys(url, namespace=namespace)
-    good, good_secret = store.create("good")
-    bad, bad_secret = store.create("bad")
+    good, good_secret = store.create(KeySpec("good"))
+    bad, bad_secret = store.create(KeySpec("bad"))
     records = "{" + namespace + "}:records"  # the layout the module docstring describes
     client = Redis.from_url(url, decode_responses=True)
     try:

@@ -13,6 +13,7 @@ from serving.gateway.errors import AuthenticationError
 from serving.gateway.keys import FileKeyStore, SqliteKeyStore
 from serving.gateway.keys.credentials import hash_secret
 from serving.gateway.keys.file_store import render_keys_yaml
+from serving.gateway.keys.record import KeySpec
 from tests.gateway.conftest import GatewayFactory, eventually
 from tests.gateway.keys.test_file_store import break_keys_file, make_record
 from tests.gateway.scrape import scrape, value
@@ -41,7 +42,7 @@ def test_a_key_revoked_in_one_store_is_refused_though_another_holds_it_active(
 
 def test_a_revocation_in_the_key_database_holds_over_a_keys_file(tmp_path: Path) -> None:
     store = SqliteKeyStore(tmp_path / "keys.db")
-    created, secret = store.create("team-b")
+    created, secret = store.create(KeySpec("team-b"))
     path = tmp_path / "keys.yaml"
     path.write_text(render_keys_yaml([created]))
     authenticator = KeyStoreAuthenticator([store, FileKeyStore(path)])

@@ -11,6 +11,7 @@ import pytest
 from serving.errors import ServingError
 from serving.gateway.keys import SqliteKeyStore
 from serving.gateway.keys.credentials import hash_secret, secret_matches
+from serving.gateway.keys.record import KeySpec
 from serving.gateway.keys.sqlite_store import DATA_VERSION_INTERVAL_S
 from serving.gateway.quota import Limits
 
@@ -22,15 +23,17 @@ def store(tmp_path: Path) -> SqliteKeyStore:
 
 def test_create_get_list_round_trip(store: SqliteKeyStore) -> None:
     record, secret = store.create(
-        "team-a",
-        limits=Limits(rpm=60, tpm=20_000, max_tokens=512),
-        models=["m1", "m2"],
-        model_limits={"m1": Limits(rpm=5)},
+        KeySpec(
+            "team-a",
+            limits=Limits(rpm=60, tpm=20_000, max_tokens=512),
+            models=["m1", "m2"],
+            model_limits={"m1": Limits(rpm=5)},
+        )
     )
     assert record.secret_sha256 == hash_secret(secret)
     assert not record.revoked
     assert store.get(record.key_id) == record
-    other, _ = store.create("team-b", now=record.created_at + timedelta(seconds=1))
+    other, _ = store.create(KeySpec("team-b"), now=record.created_at + timedelta(seconds=1))
     assert store.list_keys() == [record, other]  # oldest first
     assert store.get("key_00000000") is None
     assert store.authenticate(secret) == record
@@ -39,7 +42,7 @@ def test_create_get_list_round_trip(store: SqliteKeyStore) -> None:
 
 
 def test_authenticate_rejects_wrong_malformed_unknown_and_revoked(store: SqliteKeyStore) -> None:
-    record, secret = store.create("team-a")
+    record, secret = store.create(KeySpec("team-a"))
     wrong = secret[:-1] + ("a" if secret[-1] != "a" else "b")
     assert store.authenticate(wrong) is None
     assert store.authenticate("not a key") is None
@@ -51,7 +54,7 @@ def test_authenticate_rejects_wrong_malformed_unknown_and_revoked(store: SqliteK
 def test_authenticate_always_compares_digests(
     store: SqliteKeyStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    _, secret = store.create("team-a")
+    _, secret = store.create(KeySpec("team-a"))
     compared: list[str] = []
 
     def recording(presented: str, digest: str) -> bool:
@@ -67,7 +70,7 @@ def test_authenticate_always_compares_digests(
 def test_only_the_hash_is_at_rest(tmp_path: Path) -> None:
     path = tmp_path / "keys.db"
     store = SqliteKeyStore(path)
-    secrets = [store.create(f"key-{n}")[1] for n in range(5)]
+    secrets = [store.create(KeySpec(f"key-{n}"))[1] for n in range(5)]
     on_disk = b"".join(p.read_bytes() for p in tmp_path.iterdir())  # db, -wal, -shm
     store.close()
     on_disk += path.read_bytes()
@@ -88,7 +91,7 @@ def test_revoke_is_visible_to_another_store_on_the_same_file_at_once(tmp_path: P
     path = tmp_path / "keys.db"
     gateway = SqliteKeyStore(path)
     cli = SqliteKeyStore(path)
-    record, secret = cli.create("team-a")
+    record, secret = cli.create(KeySpec("team-a"))
     assert gateway.authenticate(secret) == record  # now cached in the gateway's store
     assert gateway.authenticate(secret) == record
     cli.revoke(record.key_id)
@@ -105,7 +108,7 @@ def _revoke_in_another_process(path: str, key_id: str) -> None:
 def test_revoke_from_another_process_is_seen_at_once(tmp_path: Path) -> None:
     path = tmp_path / "keys.db"
     gateway = SqliteKeyStore(path)
-    record, secret = gateway.create("team-a")
+    record, secret = gateway.create(KeySpec("team-a"))
     assert gateway.authenticate(secret) == record
     process = multiprocessing.get_context("spawn").Process(
         target=_revoke_in_another_process, args=(str(path), record.key_id)
@@ -118,7 +121,7 @@ def test_revoke_from_another_process_is_seen_at_once(tmp_path: Path) -> None:
 
 
 def test_revoke_twice_is_fine_and_unknown_id_is_an_error(store: SqliteKeyStore) -> None:
-    record, _ = store.create("team-a")
+    record, _ = store.create(KeySpec("team-a"))
     assert store.revoke(record.key_id).revoked
     assert store.revoke(record.key_id).revoked
     with pytest.raises(ServingError, match="key id 'key_00000000': no such key"):
@@ -127,9 +130,9 @@ def test_revoke_twice_is_fine_and_unknown_id_is_an_error(store: SqliteKeyStore) 
 
 def test_create_validates_its_fields(store: SqliteKeyStore) -> None:
     with pytest.raises(ServingError, match=r"^name must be a non-empty string"):
-        store.create("  ")
+        store.create(KeySpec("  "))
     with pytest.raises(ServingError, match=r"^model_limits: model 'm9' is not in the key's models"):
-        store.create("x", models=["m1"], model_limits={"m9": Limits(rpm=1)})
+        store.create(KeySpec("x", models=["m1"], model_limits={"m9": Limits(rpm=1)}))
     assert store.list_keys() == []
 
 
@@ -138,7 +141,7 @@ def test_id_collisions_draw_a_new_id(
 ) -> None:
     from serving.gateway.keys import record as record_module
 
-    first, _ = store.create("a")
+    first, _ = store.create(KeySpec("a"))
     draws = iter(
         [
             (first.key_id, "sk-" + first.key_id[4:] + "-" + "a" * 40),
@@ -146,14 +149,14 @@ def test_id_collisions_draw_a_new_id(
         ]
     )
     monkeypatch.setattr(record_module, "new_secret", lambda: next(draws))
-    second, secret = store.create("b")
+    second, secret = store.create(KeySpec("b"))
     assert second.key_id == "key_0000abcd"
     assert store.authenticate(secret) == second
 
 
 def test_a_second_process_schema_is_compatible(tmp_path: Path) -> None:
     path = tmp_path / "keys.db"
-    SqliteKeyStore(path).create("a")
+    SqliteKeyStore(path).create(KeySpec("a"))
     with sqlite3.connect(path) as conn:
         tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master")}
     assert "api_keys" in tables

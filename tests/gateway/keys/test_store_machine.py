@@ -30,7 +30,7 @@ from hypothesis.stateful import (
 from serving.errors import ServingError
 from serving.gateway.keys import sqlite_store
 from serving.gateway.keys.credentials import hash_secret
-from serving.gateway.keys.record import KeyRecord
+from serving.gateway.keys.record import KeyRecord, KeySpec
 from serving.gateway.keys.redis_store import RedisKeyStore
 from serving.gateway.keys.sqlite_store import SqliteKeyStore
 from serving.gateway.keys.store import KeyStore, WritableKeyStore
@@ -74,10 +74,12 @@ class KeyStoreMachine(RuleBasedStateMachine):
     ) -> str:
         model_limits = {models[0]: Limits(rpm=model_rpm)} if models and model_rpm else {}
         record, secret = self.writer.create(
-            name,
-            limits=Limits(rpm=rpm, max_tokens=max_tokens),
-            models=models,
-            model_limits=model_limits,
+            KeySpec(
+                name,
+                limits=Limits(rpm=rpm, max_tokens=max_tokens),
+                models=models,
+                model_limits=model_limits,
+            )
         )
         assert record.secret_sha256 == hash_secret(secret) and not record.revoked
         assert record.key_id not in self.records

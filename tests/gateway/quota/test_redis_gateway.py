@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from serving.gateway.keys import SqliteKeyStore
+from serving.gateway.keys.record import KeySpec
 from serving.gateway.quota import Limits
 from tests.gateway.conftest import GatewayFactory, eventually
 from tests.gateway.fake_upstream import FakeUpstream
@@ -59,14 +60,14 @@ def charged(gateway: GatewayServer, key_id: str) -> float:
 
 
 def test_fail_closed_while_redis_is_black_holed_then_consistent_once_it_is_back(
+    own_redis: RedisServer,  # first: torn down after the gateway, which writes to it on close
     make_gateway: GatewayFactory,
     keys: SqliteKeyStore,
-    own_redis: RedisServer,
     upstream: FakeUpstream,
     token: str,
 ) -> None:
     gateway = redis_gateway(make_gateway, keys, own_redis, "closed")
-    record, secret = keys.create("shared", limits=Limits(rpm=100, max_concurrency=5))
+    record, secret = keys.create(KeySpec("shared", limits=Limits(rpm=100, max_concurrency=5)))
     with http_client(gateway.url, key=secret) as http:
         ok = http.post("/v1/chat/completions", json=CHAT)
         assert ok.status_code == 200 and ok.headers["x-ratelimit-remaining-requests"] == "99"
@@ -107,10 +108,12 @@ def test_fail_closed_while_redis_is_black_holed_then_consistent_once_it_is_back(
 
 
 def test_local_policy_serves_from_a_replicas_share_while_redis_is_black_holed(
-    make_gateway: GatewayFactory, keys: SqliteKeyStore, own_redis: RedisServer
+    own_redis: RedisServer,  # first: torn down after the gateway, which writes to it on close
+    make_gateway: GatewayFactory,
+    keys: SqliteKeyStore,
 ) -> None:
     gateway = redis_gateway(make_gateway, keys, own_redis, "local")
-    record, secret = keys.create("shared", limits=Limits(rpm=5))
+    record, secret = keys.create(KeySpec("shared", limits=Limits(rpm=5)))
     own_redis.pause()
     try:
         with http_client(gateway.url, key=secret) as http:
@@ -153,7 +156,7 @@ def test_an_absurd_body_is_a_400_that_never_locks_its_key_out(
     # `n: 10**19` once made the reserve script fail half-way: a 503, and the key's two
     # slots never came back (every later request a 429).
     gateway = redis_gateway(make_gateway, keys, redis_server, "closed")
-    _, secret = keys.create("absurd", limits=Limits(max_concurrency=2, tpm=10**6))
+    _, secret = keys.create(KeySpec("absurd", limits=Limits(max_concurrency=2, tpm=10**6)))
     with http_client(gateway.url, key=secret) as http:
         for _ in range(3):
             refused = http.post("/v1/chat/completions", json={**CHAT, **absurd})
@@ -170,7 +173,7 @@ def test_a_body_withdrawn_after_admission_gives_back_its_request(
     """A schema refused after the reservation ends the lease as withdrawn in Redis too:
     with rpm 1 the key still has its one request after three such 400s."""
     gateway = redis_gateway(make_gateway, keys, redis_server, "closed")
-    record, secret = keys.create("withdrawn", limits=Limits(rpm=1, max_concurrency=1))
+    record, secret = keys.create(KeySpec("withdrawn", limits=Limits(rpm=1, max_concurrency=1)))
     bad_tool = {"type": "function", "function": {"name": "f", "parameters": {"type": 1}}}
     with http_client(gateway.url, key=secret) as http:
         for _ in range(3):

@@ -34,6 +34,7 @@ import aiohttp
 import pytest
 
 from serving.gateway.keys import SqliteKeyStore
+from serving.gateway.keys.record import KeySpec
 from serving.gateway.quota import Limits
 from tests.gateway.fake_upstream import FakeUpstream
 from tests.gateway.quota.redis_server import RedisServer
@@ -224,7 +225,7 @@ def test_ten_thousand_requests_with_aborts_are_each_charged_once(churn: Churn) -
     abandoned: list[str] = []
     for round_number in range(ROUNDS):
         name = f"churn-{round_number}"
-        record, secret = churn.keys.create(name, limits=LIMITS)
+        record, secret = churn.keys.create(KeySpec(name, limits=LIMITS))
         round_started = time.monotonic()
         happened, left = asyncio.run(round_of_load(churn.replicas, secret, rng, name))
         seen += happened

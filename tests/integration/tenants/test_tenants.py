@@ -17,7 +17,7 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
-from serving.models.tiny_lora import ANSWER, default_adapter_dir
+from serving.models.tiny_lora import ANSWER, BASE_MODEL, default_adapter_dir
 from tests.integration.conftest import (
     REPO,
     TEST_KEY,
@@ -32,7 +32,7 @@ from tests.integration.test_gateway_quota import create_key
 pytestmark = pytest.mark.engine
 
 ADMIN = "adm-tenants-test"
-BASE, ADAPTER, RUNTIME = "qwen3-tiny", "team-a", "team-b"
+BASE, ADAPTER, RUNTIME = BASE_MODEL, "team-a", "team-b"
 HELLO: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Hello, who are you?"}]
 
 
