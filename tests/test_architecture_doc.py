@@ -155,7 +155,7 @@ def test_no_file_cites_the_outside_design_note() -> None:
 
 def called_names(function: object) -> list[str]:
     """The last component of every call in `function`'s body, in source order
-    (`self._engine.admit(...)` -> "admit")."""
+    (`self._quota.admit(...)` -> "admit")."""
     source = textwrap.dedent(inspect.getsource(function))  # type: ignore[arg-type]
     calls = [node for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Call)]
     calls.sort(key=lambda node: (node.lineno, node.col_offset))

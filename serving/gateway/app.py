@@ -1,37 +1,16 @@
-"""The gateway as one plain ASGI application.
+"""The gateway as one plain ASGI application (docs/architecture.md, the request path; the
+routes: docs/gateway.md, routes).
 
     app = create_app(settings)     # run it with uvicorn, lifespan="on" (see `server`)
 
-Routes:
-- ``/healthz``  the process is alive (no auth, no upstream call);
-- ``/readyz``   200 when an engine is in the rotation (the health monitor's last probe of
-                its ``/health`` passed), the shared quota store (Redis, when set) answers or
-                its failure policy is `local`, the keys kept in Redis (when set) have been
-                loaded once, some key store loads (a broken keys file alone is not enough),
-                and the gateway is not draining, else 503 (no auth; it never
-                calls an engine or Redis itself);
-- ``/playground`` the chat page (`playground`; no auth: its API calls send the user's key);
-- ``/admin/``   the operator's API behind its own keys (`admin`): usage reports, runtime
-                adapters; 404 without an admin key configured;
-- ``/metrics``  Prometheus text format, the aggregate series only (no auth: no series here
-                names a key or a model); every series, per key too, is on the
-                --metrics-port (`metrics_listener`) alone;
-- every other path: the route table (`route_table`), the same for every key: the metered
-                routes (chat completions, completions, Responses: `completions`), the free
-                ones (the model list; tokenize when opted in) behind an API key, vLLM's
-                ``/health`` answered from the health monitor without one, and a 403 or 404
-                in OpenAI error shape for everything else, before anything reaches vLLM.
-
-No globals: `create_app` has `assembly.assemble` build the parts (key stores, quota engine,
-the router over the engines (`routing`), metrics registry, ...), each handed what it uses,
-and the app serves requests with them; the parts never see the app.
-Quota counters live in this process (`InMemoryQuotaStore`, budgets journaled to keys.db) or,
-with `redis_url`, in Redis shared by the replicas (`RedisQuotaStore` behind the
-`redis_failure_policy`); with it, API keys kept in Redis are read too (`keys.redis_refresh`).
-The ASGI lifespan loads those keys, opens each engine's client, checks Redis and starts the
-background jobs at startup (the engines' health checks; lease upkeep, which also probes Redis
-and delivers lease endings that waited for it; the key refresh), and stops them, drains the
-budget journal and closes the stores at shutdown.
+Rules:
+- `/healthz`, `/readyz`, `/playground`, `/metrics` (aggregate series only) and vLLM's
+  `/health` (from the health monitor) need no key; `/readyz` never calls an engine or Redis
+  itself; `/admin/` answers 404 without an admin key configured;
+- every other path goes through the route table (`route_table`), the same for every key,
+  and is refused (403 or 404) before anything reaches vLLM unless it is served;
+- no globals: `assembly.assemble` builds the parts, each handed what it uses; the parts
+  never see the app; `_api` is the one error boundary.
 """
 
 from __future__ import annotations

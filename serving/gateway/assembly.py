@@ -218,7 +218,7 @@ def assemble(
     usage = install_usage_reports(settings, admin, keys.authenticator)  # GET /admin/v1/usage
     async_closers.append(usage.close)
     adapters = install_adapters(settings, router, catalog, admin)  # the admin adapter routes
-    closers.append(adapters.close)
+    async_closers.append(adapters.close)
     shared, journal, discovery = quota.shared, quota.journal, fleet.discovery
     metrics = GatewayMetrics(
         leases=quota.engine.store.active_leases,
@@ -253,7 +253,7 @@ def assemble(
     async def upkeep_leases() -> None:
         if shared is not None:
             await shared.check()
-        await completions.renew_running()
+        await completions.renew_leases()
         await quota.engine.reclaim_expired()
 
     # Running requests renew their leases well before the TTL; leaked ones are reclaimed.

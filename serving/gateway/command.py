@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 # Container allocations between two young-generation collections (CPython's default: 700).
 # A request allocates a few hundred short-lived objects, nearly all freed by reference
-# counting, so the default ran a collection every few requests for next to nothing.
+# counting, so the default would collect every few requests for next to nothing.
 GC_YOUNG_THRESHOLD = 20_000
 
 
@@ -106,9 +106,8 @@ def serve_gateway(
 
 def tune_gc() -> None:
     """Collect less often, and never walk what start-up built (modules, settings, the app:
-    it lives as long as the process). Measured side by side with `bench/gateway_overhead`'s
-    fast upstream (JSON, 32 concurrent, 2-core EPYC): 138 -> 130 µs of gateway CPU per
-    request. Cycles still get collected, once per GC_YOUNG_THRESHOLD allocations."""
+    it lives as long as the process). Cycles still get collected, once per
+    GC_YOUNG_THRESHOLD allocations."""
     gc.collect()
     gc.freeze()
     _, older, oldest = gc.get_threshold()

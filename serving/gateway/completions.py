@@ -1,40 +1,13 @@
 """The request logic of the metered routes (chat completions, completions, Responses), top
-to bottom.
+to bottom: parse, admit, check, wait for a slot, forward, settle (docs/architecture.md, the
+request path; what each ending is charged: docs/gateway.md, charging rules).
 
     await completions.handle("chat", caller, request, receive, send, record)
 
-One handler reads like the request's life (docs/architecture.md, the request path):
-
-    parse     the body (400s), the model checked against the key (404), max_tokens allowed
-              by the key's caps and the model's context window (400 if it can never fit)
-    admit     reserve prompt estimate + max_tokens in every limit, or refuse (429) before
-              anything reaches the upstream
-    --------  from here a `HeldRequest` owns the lease, queue turn, meter and outcome, and
-              one `finally` (`_release`) gives them back, whatever raises
-    check     what costs the event loop (schemas), only for an admitted request; a 400
-              here withdraws the reservation: nothing consumed, requests/min included
-    wait      with fair sharing on (`fair_queue`), for one engine slot per sequence vLLM
-              will run (n x prompts; wider than a key's slots: 400); a request that never
-              gets them (deadline, client gone) is withdrawn
-    forward   with the admitted max_tokens and, for streams, usage always asked for; the
-              response is relayed as it arrives and read for usage on the way
-    settle    exactly once, however it ended:
-
-        never handed to the proxy          withdraw: nothing charged
-        usage reported                     settle with vLLM's numbers
-        the relay raised (shutdown, bug)   abort, as for a client that went away
-        client went away                   abort: prompt estimate + the completion seen so far
-                                           (streams: vLLM's running count, or tokens per
-                                           event; otherwise max_tokens for every choice)
-        upstream idle timeout (504) after  abort, as for a client that went away: the engine
-        the request was sent               worked until the gateway gave up on it
-        upstream error response / failure  fail: no tokens (nothing was produced)
-        before any byte
-        stream cut, or an in-band error    abort, as for a client that went away
-        no usage in a complete response    settle at the reservation (counted as an error)
-
-Leases of running requests are renewed by `renew_running`, which the app's lease upkeep
-calls, so a stream longer than the lease TTL keeps its slot.
+From admission on, a `HeldRequest` owns the lease, queue turn, meter and outcome, and one
+`finally` (`_release`) gives them back, whatever raises; a lease is settled exactly once.
+The app's lease upkeep calls `renew_leases`, so a stream longer than the lease TTL keeps
+its slot.
 """
 
 from __future__ import annotations
@@ -118,7 +91,7 @@ class HeldRequest:
 class Completions:
     def __init__(
         self,
-        engine: QuotaEngine,
+        quota: QuotaEngine,
         proxy: Proxy,
         catalog: ModelCatalog,
         images: ImagePolicy | None = None,
@@ -128,7 +101,7 @@ class Completions:
         engine_priority: bool = False,
         stream_interval: int,
     ) -> None:
-        self._engine = engine
+        self._quota = quota
         self._proxy = proxy
         self._catalog = catalog
         self.images = images or ImagePolicy.defaults()
@@ -136,7 +109,7 @@ class Completions:
         self._retry_after_s = retry_after_s
         self._engine_priority = engine_priority
         self._stream_interval = stream_interval
-        self._running: set[Lease] = set()
+        self._leases_running: set[Lease] = set()
 
     async def handle(
         self,
@@ -158,7 +131,7 @@ class Completions:
         # request ends, exceptions included.
         held = HeldRequest(admission, record)
         try:
-            self._running.add(admission.lease)  # renewed by the lease upkeep while it runs
+            self._leases_running.add(admission.lease)  # renewed by the lease upkeep while it runs
             check_admitted(parsed)  # after admission: a key at its limit costs no schema work
             if self._queue is not None:
                 held.turn = await self._wait(self._queue, caller, parsed, admission, receive)
@@ -168,7 +141,7 @@ class Completions:
             await self._proxy.forward(upstream_request, receive, send, held.outcome)
             held.relayed = True
         finally:
-            self._running.discard(admission.lease)
+            self._leases_running.discard(admission.lease)
             await self._release(held, parsed)
         if 200 <= (held.outcome.upstream_status or 0) < 300:
             self._catalog.learn(model)
@@ -178,7 +151,7 @@ class Completions:
     ) -> Admission:
         """One reservation for all n choices (or a batch's prompts), or the refusal raised."""
         try:
-            decision = await self._engine.admit(
+            admission = await self._quota.admit(
                 caller,
                 model,
                 parsed.prompt_estimate,
@@ -189,10 +162,10 @@ class Completions:
             )
         except BeyondContext as exc:
             raise _beyond_context(parsed, exc) from None
-        if isinstance(decision, Refusal):
-            record.refusal = decision.reason.value
-            raise refusal_error(decision)
-        return decision
+        if isinstance(admission, Refusal):
+            record.refusal = admission.reason.value
+            raise refusal_error(admission)
+        return admission
 
     async def _wait(
         self,
@@ -237,12 +210,12 @@ class Completions:
         """The request as the engine gets it (the admitted max_tokens, usage asked for in
         streams), with the meter that reads its response and, with affinity routing, the
         prompt's prefixes."""
-        running = parsed.usage_upstream
-        interval = self._stream_interval if running else 1  # chat and completion streams
+        usage_chunks = parsed.usage_upstream
+        interval = self._stream_interval if usage_chunks else 1  # chat and completion streams
         meter = ResponseMeter(
-            strip_usage=running and not parsed.client_wants_usage,
-            running=running,
-            strip_running=running and not parsed.client_wants_running_usage,
+            strip_usage=usage_chunks and not parsed.client_wants_usage,
+            chunk_usage=usage_chunks,
+            strip_chunk_usage=usage_chunks and not parsed.client_wants_running_usage,
             tokens_per_event=interval,
             responses=parsed.kind == "responses",
         )
@@ -277,13 +250,13 @@ class Completions:
             if held.forwarded and held.meter is not None:
                 await self._settle(held, parsed, held.meter)
             else:
-                await self._engine.withdraw(lease)
+                await self._quota.withdraw(lease)
         except BaseException:
             # Settling raised: the lease ends at its reservation (an upper bound) if the
             # store still answers; if not, it is no longer renewed and expires at its TTL,
             # charged the same.
             with contextlib.suppress(Exception):
-                await self._engine.abort(lease, None, None)
+                await self._quota.abort(lease, None, None)
             raise
         finally:
             try:
@@ -300,16 +273,16 @@ class Completions:
         """`/v1/models` for `caller`: what the engines serve that the key may use."""
         return {"object": "list", "data": self._catalog.listing(caller.allows_model)}
 
-    async def renew_running(self) -> None:
+    async def renew_leases(self) -> None:
         """Renew the leases of the requests running now."""
-        for lease in list(self._running):
-            if lease in self._running:  # it may have ended while an earlier renewal waited
-                await self._engine.renew(lease)
+        for lease in list(self._leases_running):
+            if lease in self._leases_running:  # it may have ended while an earlier renewal waited
+                await self._quota.renew(lease)
 
     async def _settle(
         self, held: HeldRequest, parsed: CompletionRequest, meter: ResponseMeter
     ) -> None:
-        engine, lease, outcome = self._engine, held.admission.lease, held.outcome
+        quota, lease, outcome = self._quota, held.admission.lease, held.outcome
         # An aborted request is charged its prompt and what was generated: in a stream,
         # vLLM's running count as far as it was read (`ResponseMeter.streamed_tokens`);
         # otherwise the prompt estimate and every choice's whole max_tokens, all of which
@@ -320,21 +293,21 @@ class Completions:
             seen = min(meter.streamed_tokens(parsed.choices), seen)
         usage = meter.usage
         if not held.relayed and usage is None and outcome.error is None:  # shutdown, a bug
-            await engine.abort(lease, prompt, seen)
+            await quota.abort(lease, prompt, seen)
         elif usage is not None:
-            await engine.settle(lease, usage.prompt_tokens, usage.completion_tokens)
+            await quota.settle(lease, usage.prompt_tokens, usage.completion_tokens)
         elif outcome.client_disconnected:
-            await engine.abort(lease, prompt, seen)
+            await quota.abort(lease, prompt, seen)
         elif isinstance(outcome.error, UpstreamTimeoutError) and outcome.forwarded_at:
             # The engine had the request and may have worked on it until the gateway gave
             # up waiting: what it could have produced is charged, as for an abort.
-            await engine.abort(lease, prompt, seen)
+            await quota.abort(lease, prompt, seen)
         elif outcome.upstream_status is None or outcome.upstream_status >= 400:
-            await engine.fail(lease)
+            await quota.fail(lease)
         elif outcome.error is not None or meter.inband_error:
-            await engine.abort(lease, prompt, seen)
+            await quota.abort(lease, prompt, seen)
         else:
-            await engine.settle(lease, None, None)
+            await quota.settle(lease, None, None)
 
 
 async def _client_gone(receive: Receive) -> None:
@@ -347,8 +320,8 @@ def _cut_prompt(parsed: CompletionRequest, meter: ResponseMeter) -> int:
     """The prompt tokens a request without a final usage is charged: vLLM's count from a
     chat stream's running usage, else the estimate (an upper bound). A completions chunk
     counts only its own prompt's tokens, so several prompts keep the estimate."""
-    running = meter.running_usage if parsed.stream and parsed.kind == "chat" else None
-    return parsed.prompt_estimate if running is None else running.prompt_tokens
+    counted = meter.running_usage if parsed.stream and parsed.kind == "chat" else None
+    return parsed.prompt_estimate if counted is None else counted.prompt_tokens
 
 
 def _record_outcome(

@@ -1,34 +1,14 @@
-"""Gateway errors as values with an HTTP status and an OpenAI-shaped body.
+"""Gateway errors as values with an HTTP status and an OpenAI-shaped body (docs/architecture.md,
+errors and metrics; the table of statuses: docs/gateway.md, errors and headers).
 
-Every failure the gateway reports is one of these (docs/architecture.md, errors and metrics):
-
-    GatewayError                      (base: status, type, code, param, headers)
-    ├── InvalidRequestError           400 invalid_request_error / None, `param` names the field
-    ├── AuthenticationError           401 invalid_request_error / invalid_api_key
-    ├── EndpointNotAllowedError       403 invalid_request_error / endpoint_not_allowed
-    ├── RouteNotFoundError            404 invalid_request_error / unknown_url
-    ├── ModelNotFoundError            404 invalid_request_error / model_not_found
-    ├── RequestTimeoutError           408 invalid_request_error / request_timeout
-    ├── BodyTooLargeError             413 invalid_request_error / request_too_large
-    ├── RateLimitError                429 requests|tokens / rate_limit_exceeded, or
-    │                                     insufficient_quota / insufficient_quota; Retry-After
-    ├── QuotaUnavailableError         503 server_error / quota_store_unavailable + Retry-After
-    │                                     (the shared quota store cannot answer; policy closed)
-    ├── InternalError                 500 server_error / internal_error (a gateway bug: the
-    │                                     app's error boundary, never a bare 500)
-    ├── UpstreamRejectedError         the upstream's 4xx, re-shaped (invalid_request_error)
-    └── UpstreamError                 502 server_error / upstream_error (error or reset)
-        ├── UpstreamUnavailableError  503 server_error / upstream_unavailable + Retry-After
-        └── UpstreamTimeoutError      504 timeout / upstream_timeout (idle too long)
-
-Every mapping into this tree lives here: failures of the hop client (`hop_connection`'s
-`HopError`s; aiohttp's for the health and model-list calls; sockets, timeouts) in
-`map_upstream_exception`; upstream error responses in `openai_error_body`
-(passed through) and `wrap_upstream_status` (re-shaped); quota refusals in `refusal_error`,
-an unanswering quota store in `quota_unavailable_error`;
-and the `kind` label an upstream failure is counted under in `upstream_error_kind`.
-`Retry-After` is built by `retry_after_headers` alone. Messages never contain a key or an
-internal address: they are shown to API clients.
+Rules:
+- every failure the gateway reports is a `GatewayError` subclass, and every mapping into
+  them lives here: hop and socket failures (`map_upstream_exception`), upstream error
+  responses (`openai_error_body` passed through, `wrap_upstream_status` re-shaped), quota
+  refusals (`refusal_error`, `quota_unavailable_error`) and the metrics' `kind` label
+  (`upstream_error_kind`);
+- `Retry-After` is built by `retry_after_headers` alone;
+- messages never contain a key or an internal address: API clients see them.
 """
 
 from __future__ import annotations

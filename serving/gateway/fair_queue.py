@@ -1,4 +1,6 @@
-"""Fair sharing of the engines' slots between keys: virtual token counting (VTC).
+"""Fair sharing of the engines' slots between keys: virtual token counting (VTC; Sheng et al.,
+"Fairness in Serving Large Language Models", OSDI 2024). The why and the measurements:
+docs/fair-sharing.md.
 
     queue = FairQueue(slots=16, reserved=2, timeout_s=30.0)
     turn = await queue.turn(key_id, cost=prompt_estimate + max_tokens, gone=client_gone)
@@ -7,26 +9,14 @@
     finally:
         queue.release(turn, served=tokens_charged)
 
-Why. vLLM serves `max_num_seqs` sequences at once and queues the rest first come, first
-served; a key that keeps them all busy makes every other key wait for one of its requests to
-end, and vLLM's priority policy does not free a slot a running sequence holds. So the gateway
-holds the excess: at most `slots` sequences (the engines' together; a request takes one per
-choice, n or a batch's prompts) run at once, one key's at most `slots - reserved` of them (so
-a slot is free for a key that arrives while another floods), and the rest wait here, per key.
-
-Who goes next. Each key has a virtual counter: the tokens it has been served (its
-reservation when it starts, corrected to what it was charged when it ends), divided by its
-weight. A free slot goes to the waiting key with the lowest counter, so a flood of one key
-delays that key and a quiet key goes first. A key that was idle has its counter lifted to
-the lowest counter of the keys that are active (waiting or running) when it becomes active
-again: idling earns no credit to flood with later (Sheng et al., "Fairness in Serving Large
-Language Models", OSDI 2024). When nothing at all is active, the counters start again from
-zero: service nobody else wanted is held against no one. Among one key's waiting requests,
-the oldest goes first.
-
-Bounded waiting. A request waits at most `timeout_s` (`QueueTimeout`), and leaves the queue
-at once when its client goes away (`errors.ClientGone`); either way it never ran. With nothing
-waiting and a slot free, `turn` takes it without suspending (a few dictionary operations).
+Rules:
+- at most `slots` sequences run at once (a request takes one per choice), one key's at most
+  `slots - reserved`; the rest wait here, per key;
+- a free slot goes to the waiting key with the lowest counter (tokens served / weight); a
+  key that becomes active again is lifted to the lowest active counter, and with nothing
+  active the counters restart from zero; within a key, the oldest request goes first;
+- a request waits at most `timeout_s` (`QueueTimeout`) and leaves at once when its client
+  goes away; with a slot free and nothing waiting, `turn` does not suspend.
 """
 
 from __future__ import annotations

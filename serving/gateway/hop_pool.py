@@ -9,11 +9,10 @@
         response.close()       # back to the pool when read to its end, else closed
     await pool.close()
 
-Why not aiohttp: the calibration (docs/architecture.md, performance targets) picked it as
-the cheap general client, and it was still the largest share of the gateway's CPU; this hop
-needs far less (one upstream,
-bytes passed through, no cookies, redirects, decompression or default headers), so the
-request path runs on `hop_connection`'s Protocol and httptools' C parser.
+Not aiohttp: this hop needs far less than a general client (one upstream, bytes passed
+through, no cookies, redirects, decompression or default headers), so the request path runs
+on `hop_connection`'s Protocol and httptools' C parser, at less CPU per request
+(docs/architecture.md, performance targets).
 
 The rules:
 - Requests carry exactly the given header lines plus `host` and `content-length`; the

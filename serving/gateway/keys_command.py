@@ -10,7 +10,7 @@ is `serving.paths.keys_db_path()`, the file a gateway started by `serving up` or
 reads. With `--redis-url` every action works on the keys in that Redis instead, the ones
 gateways started with the same `--redis-url` share (`keys.redis_store`); the URL is never
 printed, since it may hold a password. Store modules are imported inside `run`, so
-`serving --help` stays instant and the SQLite path does not import redis-py.
+`serving --help` stays instant and the SQLite path does not import the Redis client.
 """
 
 from __future__ import annotations
@@ -122,10 +122,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_on_redis(args: argparse.Namespace) -> int:
-    from serving.gateway.keys.redis_store import KeyStoreUnavailable, RedisKeyStore
+    from serving.gateway.keys.redis_store import BlockingRedisKeyStore, KeyStoreUnavailable
 
     try:
-        store = RedisKeyStore.from_url(args.redis_url)
+        store = BlockingRedisKeyStore.from_url(args.redis_url)
     except ServingError as exc:  # a bad URL; the message does not quote it
         raise ServingError(f"--redis-url: {exc}") from None
     try:

@@ -1,5 +1,6 @@
 """The gateway's Prometheus metrics (docs/architecture.md, errors and metrics), one registry
-per app.
+per app; the series are listed in docs/gateway.md (metrics, health and draining), each with
+its help text below.
 
     metrics = GatewayMetrics(leases=store.active_leases)
     record = RequestRecord(started=time.perf_counter())   # filled in while handling
@@ -7,64 +8,11 @@ per app.
     body = metrics.render()             # every series: the metrics port (`metrics_listener`)
     body = metrics.render_aggregate()   # no tenant label: GET /metrics on the API port
 
-Series (labels use the key's public id, the model and the engine's host:port, never a
-secret; an engine's address is its one name that stays put while discovery adds and drains
-engines). Those with a tenant label (`TENANT_LABELS`: `key`, and `model`, which can name a
-tenant's adapter) are per-key spend, served on the metrics port only; the API port, which
-every client reaches without a key, gets the rest:
-    gateway_requests_total{key,model,status}       status: the HTTP status sent; 499 when the
-                                                   client left before a response was sent
-    gateway_request_duration_seconds{model}        gateway entry to last byte
-    gateway_time_to_first_byte_seconds{model}      gateway entry to the first body byte
-    gateway_tokens_total{key,model,kind}           kind: prompt|completion, as charged
-    gateway_quota_rejections_total{key,reason}     rpm|tpm|concurrency|daily|monthly
-    gateway_in_flight_requests                     /v1 requests being handled
-    gateway_upstream_errors_total{kind}            connect|timeout|reset|status_5xx|in_band|
-                                                   bad_json|bad_sse|missing_usage
-    gateway_upstream_healthy                       1 while an engine is in the rotation
-    gateway_engine_in_rotation{engine}             1 while that engine gets requests (its
-                                                   /health passed and no connect failed since)
-    gateway_engine_in_flight_requests{engine}      requests this gateway has on that engine
-    gateway_engine_requests_total{engine}          requests sent to it (failover attempts too)
-    gateway_engine_failovers_total{engine}         requests that failed on it before a response
-                                                   and were sent to another engine
-    gateway_engine_accounted_tokens_total{engine}  tokens charged for what it served, a prompt
-                                                   once per sequence (the oracle beside vLLM's
-                                                   own token counters)
-    gateway_engine_cut_sequences_total{engine}     sequences (n x prompts) of the requests
-                                                   charged by a bound (no final usage)
-    gateway_engines_known                          engines routed to (listed or discovered;
-                                                   draining ones left out)
-    gateway_engines_healthy                        engines in the rotation
-    gateway_engine_discovery_errors_total          with a dns+ upstream: lookups not answered
-                                                   (the last answer was kept); 0 without
-    gateway_added_latency_seconds                  the gateway's own time: before forwarding
-                                                   plus after the upstream was done
-    gateway_quota_leases                           quota leases held (0 when idle)
-    gateway_budget_flush_failures_total            failed writes of day/month budgets to
-                                                   keys.db (each is rolled back and retried)
-    gateway_usage_write_failures_total             failed writes of the usage ledger (keys.db
-                                                   or Redis; each batch is retried)
-    gateway_adapter_sync_errors_total              runtime LoRA adapter loads or unloads an
-                                                   engine refused (retried every round)
-    gateway_quota_store_up                         1 when the shared quota store (Redis)
-                                                   answered the last call; 1 without one
-    gateway_quota_store_errors_total               calls to the shared quota store that failed
-                                                   or ran out of time (its failure policy
-                                                   answered them)
-    gateway_keys_file_up                           1 while the keys file (--keys-file) loads;
-                                                   0 after a change that does not parse (its
-                                                   keys are refused until it does); 1 without
-With fair sharing on (`--engine-slots`, docs/fair-sharing.md):
-    gateway_queue_slots, gateway_queue_running      slots in all, and those held now
-    gateway_queue_waiting{key}                     requests waiting for a slot
-    gateway_queue_wait_seconds{key}                admission to slot (0: found one free)
-    gateway_queue_timeouts_total{key}              waited their deadline: 503, nothing charged
-    gateway_queue_abandoned_total{key}             client left while waiting: nothing charged
-
-Values are plain Python numbers updated on the event loop (where scrapes are answered too),
-turned into Prometheus families only when scraped: a request costs a few dict updates, not
-prometheus_client's locks and label checks.
+Rules:
+- labels carry the key's public id, the model and the engine's host:port, never a secret;
+- a series with a tenant label (`TENANT_LABELS`) is served on the metrics port only;
+- values are plain numbers updated on the event loop and turned into Prometheus families
+  only when scraped (no prometheus_client locks on the request path).
 """
 
 from __future__ import annotations

@@ -223,18 +223,16 @@ def render_upstream_body(
 
 # 19 digits in a row may be an integer past 64 bits, which orjson reads as a float where the
 # standard library (and vLLM, which parses with it) reads the exact integer. Found by mapping
-# every digit to 0 and everything else to a space, then one substring search (0.25 µs for a
-# small body, against 0.8 µs for a regex).
+# every digit to 0 and everything else to a space, then one substring search (cheaper than a
+# regex).
 _DIGITS_AS_ZEROS = bytes(48 if 48 <= byte <= 57 else 32 for byte in range(256))
 _LONG_DIGITS = b"0" * 19
 
 
 def read_json_body(body: bytes) -> Any:
-    """`json.loads`, through orjson where that gives the same value: 2.3 -> 0.9 µs for a
-    small chat body (make bench's), the look for long integers included. The standard
-    library decides whatever orjson refuses
-    (it accepts more: NaN, a byte order mark, UTF-16, lone surrogates) and any body with an
-    integer orjson might not hold exactly."""
+    """`json.loads`, through orjson (faster) where that gives the same value. The standard
+    library decides whatever orjson refuses (it accepts more: NaN, a byte order mark,
+    UTF-16, lone surrogates) and any body with an integer orjson might not hold exactly."""
     if _LONG_DIGITS not in body.translate(_DIGITS_AS_ZEROS):
         try:
             return orjson.loads(body)

@@ -1,40 +1,20 @@
-"""Forward one request to the upstream and relay the response back as it arrives.
+"""Forward one request to the upstream and relay the response back as it arrives
+(docs/architecture.md, the request path, steps 10 and 11).
 
     outcome = await Proxy(router, retry_after_s=1).forward(request, receive, send)
 
-The exchange with the upstream runs in the request's task while a watcher waits for the
-client's `http.disconnect`: a client that goes away cancels the exchange, which closes the
-upstream connection so vLLM aborts the request and frees its KV cache. The watcher (a task)
-is only started once a request has run for one to two `WATCH_TICK_S` ticks of one timer
-shared by all requests: most short requests finish first and never pay for a watcher nor a
-timer of their own, and a disconnect is still acted on within `2 * WATCH_TICK_S` of it (the
-server remembers it, so a late watcher sees it at once).
-Bodies are relayed chunk by chunk with one `await send` per chunk, so a slow client slows
-the upstream read (backpressure).
-
-How the response is relayed:
-- upstream 2xx/3xx with a small known length: read whole, sent with its length;
-- other 2xx/3xx (SSE, chunked): streamed;
-- upstream 4xx/5xx with an OpenAI-shaped error body: passed through with its status.
-
-The proxy never writes an error response of its own: every other failure is recorded in
-the outcome and raised as a `GatewayError` (a 4xx/5xx without an OpenAI body wrapped: 5xx
-becomes 502, a 4xx keeps its status; no response at all: 503 unreachable, 502 reset, 504
-idle timeout), and the app's error boundary answers it: an error JSON, or a final SSE error
-event once a stream has started (never a fake `[DONE]`; any other started response is cut).
-
-The router picks the engine (`routing`). A request that gets no response from it, or a 5xx
-before a byte was relayed, is sent once more to another engine in the rotation, if there is
-one (a connect failure also takes the engine out of the rotation); once a byte has reached
-the client nothing is ever replayed. With no engine in the rotation the answer is a 503 at
-once.
-
-Every response the client gets carries `request.response_headers` (the rate-limit state).
-A redirect's `Location` that points at the upstream is made relative, so a client never
-learns the engine's internal address nor goes around the gateway.
-With a `request.meter`, 2xx bodies are read for usage as they pass (see `usage`); the outcome
-records when the request was forwarded, when its first body byte reached the client and when
-the upstream was done, for the latency metrics.
+Rules:
+- a client that goes away cancels the exchange, which closes the upstream connection so vLLM
+  aborts the request; its watcher starts only after one to two `WATCH_TICK_S` ticks of one
+  shared timer, so short requests never pay for one;
+- one `await send` per chunk, so a slow client slows the upstream read (backpressure);
+- an upstream error with an OpenAI-shaped body passes through; every other failure is
+  raised as a `GatewayError` for the app's error boundary (the proxy writes no error
+  response of its own);
+- no response, or a 5xx before a byte was relayed: sent once more to another engine; once a
+  byte reached the client nothing is replayed;
+- every response carries `request.response_headers`; a redirect to the upstream is made
+  relative.
 """
 
 from __future__ import annotations
@@ -78,8 +58,8 @@ DRAIN_IDLE_S = 0.2
 @dataclass(slots=True)
 class ProxyRequest:
     """A client request, its body already read, as the proxy forwards it. Treat it as
-    immutable (`dataclasses.replace` for a changed copy); it is not declared frozen only
-    because a frozen dataclass's `__init__` costs four times as much, twice per request."""
+    immutable (`dataclasses.replace` for a changed copy); not frozen only because a frozen
+    dataclass's `__init__` is slower, and one runs twice per request."""
 
     method: str
     target: bytes
@@ -123,9 +103,8 @@ class ProxyOutcome:
 class Proxy:
     def __init__(self, router: Router, *, retry_after_s: int) -> None:
         self.router = router
-        self._router = router
         self._retry_after_s = retry_after_s
-        self._running: set[_DisconnectWatch] = set()
+        self._watches: set[_DisconnectWatch] = set()
         self._tick = 0
         self._ticker: asyncio.TimerHandle | None = None
 
@@ -145,8 +124,8 @@ class Proxy:
         task = asyncio.current_task()
         assert task is not None
         watch = _DisconnectWatch(receive, task, outcome, self._tick)
-        running = self._running
-        running.add(watch)
+        watches = self._watches
+        watches.add(watch)
         if self._ticker is None:
             self._ticker = task.get_loop().call_later(WATCH_TICK_S, self._on_tick)
         try:
@@ -157,7 +136,7 @@ class Proxy:
                 raise
             logger.info("request %s: client disconnected", request.request_id.decode())
         finally:
-            running.discard(watch)
+            watches.discard(watch)
             if watch.watcher is not None:
                 watch.watcher.cancel()
         return outcome
@@ -166,18 +145,18 @@ class Proxy:
         """Start watchers for the requests running since before the previous tick."""
         tick = self._tick
         self._tick = tick + 1
-        for watch in self._running:
+        for watch in self._watches:
             if watch.tick < tick and watch.watcher is None:
                 watch.start()
         self._ticker = (
             asyncio.get_running_loop().call_later(WATCH_TICK_S, self._on_tick)
-            if self._running
+            if self._watches
             else None
         )
 
     async def _exchange(self, request: ProxyRequest, send: Send, outcome: ProxyOutcome) -> None:
         outcome.forwarded_at = time.perf_counter()
-        router = self._router
+        router = self.router
         engine = router.choose(request.prefixes, among=request.engines)
         if engine is None:
             raise self._fail(self._no_engine(), request, outcome)
@@ -363,7 +342,7 @@ class Proxy:
         headers = client_response_headers(response.headers, request.request_id)
         if 300 <= response.status < 400:
             headers = [
-                (name, self._router.gateway_location(value) if name == b"location" else value)
+                (name, self.router.gateway_location(value) if name == b"location" else value)
                 for name, value in headers
             ]
         headers.extend(request.response_headers)

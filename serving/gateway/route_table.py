@@ -1,28 +1,18 @@
-"""Every path the gateway answers, and how each is metered: one table for every key.
+"""Every path the gateway answers, and how each is metered: one table for every key
+(docs/gateway.md, routes).
 
     route = ROUTES.lookup("POST", "/v1/responses/", opt_in=settings.opt_in_routes)
     route.metering        # "chat" | "completion" | "responses" | "free" | "models" | "health"
     route.path            # vLLM's spelling, where the request is sent
 
-The gateway's view of a request must be an upper bound of what vLLM does with it, so a path
-is served only when its cost is known: the metered routes (chat completions, completions,
-the Responses API) reserve before anything is forwarded; `free` routes cost vLLM no
-generation (the opt-in tokenizer routes); the model list (`models`) is answered by the
-gateway from its engines' lists, showing a key only the models it may use; `/health`
-answers from the gateway's last probe of its engines, as vLLM's own does. Everything else is
-refused before it reaches vLLM, with the same answer for every key, the development keys
-included:
-
-- a route vLLM serves that the gateway does not (`REFUSED`): 403 `endpoint_not_allowed`,
-  naming why (its tokens could not be charged, or it changes the engine itself);
-- any other path: 404 `unknown_url`.
-
-vLLM (Starlette) also answers a path with one trailing slash added, through a redirect to its
-own address; the gateway serves such a variant at the canonical path instead.
-
-The table also owns which request headers reach vLLM (`UPSTREAM_HEADERS`, an allow-list): vLLM
-reads some of its own (`X-Vllm-Priority`, `X-data-parallel-rank`, ...), which would let a
-client change how the engine treats its request.
+Rules:
+- a path is served only when its cost is known (the gateway's view must bound what vLLM
+  does): metered routes reserve first, `free` ones cost no generation;
+- everything else is refused before it reaches vLLM, the same for every key: a route vLLM
+  serves but the gateway does not (`REFUSED`) 403 `endpoint_not_allowed`, any other 404;
+- a path with one trailing slash added is served as the canonical one (vLLM redirects);
+- only `UPSTREAM_HEADERS` reach vLLM: some of its own headers would let a client change how
+  the engine treats its request.
 """
 
 from __future__ import annotations

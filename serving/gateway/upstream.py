@@ -5,12 +5,11 @@
     response = await client.pool.request("POST", b"/v1/completions", header_lines, body)
     await client.close()      # at lifespan shutdown
 
-Requests are relayed through `hop_pool.HopPool`, a lean keep-alive HTTP/1.1 client (the
-measured share of aiohttp's client in the gateway's CPU was the largest; see `hop_pool`).
-The background calls (the upstream's `/health` and `/v1/models`, off the request path)
-use an aiohttp session. Both pass bytes through untouched: no automatic decompression,
-and no default headers the client did not send (Accept, Accept-Encoding, User-Agent,
-Content-Type).
+Requests are relayed through `hop_pool.HopPool`, a lean keep-alive HTTP/1.1 client (cheaper
+in CPU than aiohttp's; see `hop_pool`). The background calls (the upstream's `/health` and
+`/v1/models`, off the request path) use an aiohttp session. Both pass bytes through
+untouched: no automatic decompression, and no default headers the client did not send
+(Accept, Accept-Encoding, User-Agent, Content-Type).
 """
 
 from __future__ import annotations

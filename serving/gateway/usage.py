@@ -1,32 +1,20 @@
-"""Reading vLLM's reported usage from a response as it is relayed.
+"""Reading vLLM's reported usage from a response as it is relayed (docs/gateway.md, charging
+rules).
 
     meter = ResponseMeter(strip_usage=True)          # chat / completions
     meter = ResponseMeter(strip_usage=False, responses=True)   # the Responses API
     meter.read_json(body)                  # a whole JSON body
     out = meter.feed(chunk) ... meter.end()  # an SSE stream: returns the bytes to relay
 
-Usage is read structurally: the final usage is taken from the parsed JSON of the one place
-its protocol puts it (a whole body's top-level `usage`; a chat or completion stream's usage
-chunk, the one whose `choices` is empty; a Responses stream's `response.completed`,
-`response.incomplete` or `response.failed` event, at `response.usage`). vLLM's Responses
-events echo the request's `tools`, `text`, `metadata` and `instructions`, so a text search
-there would find whatever usage-shaped object a client wrote into them.
-
-In chat and completion streams the gateway asks vLLM for usage in every chunk too
-(`continuous_usage_stats`): `running_usage` is the last such count (what a stream cut short
-is charged), and unless the client asked for them the per-chunk objects are cut out again.
-They are found where vLLM's compact JSON puts them, right after the `choices` array closes
-(`}],"usage":{`); those bytes cannot occur inside a JSON string (quotes are escaped there),
-and these chunks carry no text of the request. Only the last one found is parsed.
-
-For SSE the per-chunk work is a few C-level byte scans: where the last complete event ends,
-how many `data:` fields and events went by, and whether `"usage"` or `"error"` occurs. Only
-events holding one of those are parsed (a stream's final usage event, its in-band error, and
-in a Responses stream its three lifecycle events, which echo the request). A partial event
-is held back until its end arrives, so a dropped event never leaves half an event behind.
-
-Problems are recorded, never raised: `problem` names the first (`bad_json`, `bad_sse`) and
-`inband_error` says the upstream sent `data: {"error": ...}` after its 200.
+Rules:
+- the final usage is read only from the parsed JSON of the one place its protocol puts it
+  (vLLM's Responses events echo request fields a client could fill with usage-shaped text);
+- per-chunk usage (`continuous_usage_stats`) is found right after `}],"usage":{`, bytes that
+  cannot occur inside a JSON string; the last one is `running_usage`, and they are cut out
+  unless the client asked for them;
+- only events holding `"usage"` or `"error"` are parsed; a partial event is held back until
+  its end arrives;
+- problems are recorded (`problem`, `inband_error`), never raised.
 """
 
 from __future__ import annotations
@@ -109,17 +97,17 @@ def _loads(payload: bytes) -> Any:
 
 class ResponseMeter:
     __slots__ = (
+        "_last_chunk_usage",
         "_other",
         "_other_size",
         "_pending",
-        "_running",
+        "chunk_usage",
         "delta_bytes",
         "events",
         "inband_error",
         "problem",
         "responses",
-        "running",
-        "strip_running",
+        "strip_chunk_usage",
         "strip_usage",
         "tokens_per_event",
         "usage",
@@ -129,17 +117,17 @@ class ResponseMeter:
         self,
         *,
         strip_usage: bool,
-        running: bool = False,
-        strip_running: bool = False,
+        chunk_usage: bool = False,
+        strip_chunk_usage: bool = False,
         tokens_per_event: int = DEFAULT_STREAM_INTERVAL,
         responses: bool = False,
     ) -> None:
         self.strip_usage = strip_usage
         """Drop the final usage chunk (the client did not ask for it)."""
-        self.running = running
+        self.chunk_usage = chunk_usage
         """Chunks carry running usage (a chat or completion stream that asked for it); the
         final usage is then only the chunk without choices. The Responses API has none."""
-        self.strip_running = strip_running
+        self.strip_chunk_usage = strip_chunk_usage
         """Cut the usage out of every other chunk (the client did not ask for that)."""
         self.tokens_per_event = tokens_per_event
         """The most tokens vLLM puts in one event of this stream when its reader keeps up
@@ -155,7 +143,7 @@ class ResponseMeter:
         self.inband_error = False
         self.problem: str | None = None
         self._pending = b""
-        self._running = b""
+        self._last_chunk_usage = b""
         self._other: list[bytes] = []
         self._other_size = 0
 
@@ -163,7 +151,7 @@ class ResponseMeter:
     def running_usage(self) -> Usage | None:
         """vLLM's count at the last chunk that carried one (per choice: with n > 1 each
         chunk counts its own choice's tokens)."""
-        return usage_of(_loads(self._running)) if self._running else None
+        return usage_of(_loads(self._last_chunk_usage)) if self._last_chunk_usage else None
 
     def streamed_tokens(self, choices: int) -> int:
         """Completion tokens of a stream cut short, never below what vLLM made of it as far
@@ -176,19 +164,18 @@ class ResponseMeter:
             # byte-level BPE token is at least one byte of text), plus one per event and a
             # few for tokens with no text (`<think>`, EOS).
             return self.delta_bytes + self.events + TEXTLESS_TOKENS
-        running = self.running_usage
+        counted = self.running_usage
         per_event = self.tokens_per_event
-        if running is None:
+        if counted is None:
             return self.events * per_event
         if choices == 1:
-            return running.completion_tokens
-        return max(self.events, (running.completion_tokens + per_event) * choices)
+            return counted.completion_tokens
+        return max(self.events, (counted.completion_tokens + per_event) * choices)
 
     # -- whole bodies ----------------------------------------------------------------------
 
     def read_json(self, body: bytes) -> None:
-        """Usage from a whole JSON body: its top-level `usage` (orjson parses a 2 KiB answer
-        in about 2 µs)."""
+        """Usage from a whole JSON body: its top-level `usage`."""
         data = _loads(body)
         if not isinstance(data, dict):
             self._problem("bad_json")
@@ -228,8 +215,8 @@ class ResponseMeter:
             self.events += fields
             if fields < chunk.count(b"\n\n"):
                 self._problem("bad_sse")
-            if self.running:
-                chunk = self._take_running(chunk)
+            if self.chunk_usage:
+                chunk = self._take_chunk_usage(chunk)
             if b'"usage"' in chunk or b'"error"' in chunk:
                 return self._inspect(chunk)
             return chunk
@@ -255,8 +242,8 @@ class ResponseMeter:
         # Every event vLLM sends has a data field: fewer fields than events is not its SSE.
         if fields < complete.count(b"\n\n") or not complete.startswith(_FIELDS):
             self._problem("bad_sse")
-        if self.running:
-            complete = self._take_running(complete)
+        if self.chunk_usage:
+            complete = self._take_chunk_usage(complete)
         if b'"usage"' in complete or b'"error"' in complete:
             return self._inspect(complete)
         return complete
@@ -287,12 +274,11 @@ class ResponseMeter:
         """Forget a partial event (the stream failed; half an event must not be relayed)."""
         self._pending = b""
 
-    def _take_running(self, block: bytes) -> bytes:
+    def _take_chunk_usage(self, block: bytes) -> bytes:
         """Keep the last per-chunk usage of `block` (if any); cut them all out unless asked for.
 
-        A few C-level scans per event (a usage object nests at most one level), no regex:
-        under load the upstream's events arrive several to a read, and a regex with a
-        look-behind over such a block cost a fifth of the gateway's streams."""
+        Byte scans, not a regex (a usage object nests at most one level): under load several
+        events arrive per read, and a look-behind regex over such a block is costly."""
         pieces: list[bytes] = []
         start = 0
         found = b""
@@ -313,8 +299,8 @@ class ResponseMeter:
             at = block.find(_RUNNING_AT, start)
         if not found:
             return block
-        self._running = found
-        if not self.strip_running:
+        self._last_chunk_usage = found
+        if not self.strip_chunk_usage:
             return block
         pieces.append(block[start:])
         return b"".join(pieces)
@@ -342,8 +328,8 @@ class ResponseMeter:
         payload = _payload(event)
         if not payload or payload == b"[DONE]":
             return False
-        if self.running and b'"error"' not in payload and not _NO_CHOICES.search(payload):
-            return False  # a chunk's running usage (`_take_running` kept it)
+        if self.chunk_usage and b'"error"' not in payload and not _NO_CHOICES.search(payload):
+            return False  # a chunk's running usage (`_take_chunk_usage` kept it)
         data = _loads(payload)
         if not isinstance(data, dict):
             self._problem("bad_json")

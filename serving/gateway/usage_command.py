@@ -120,29 +120,26 @@ def _from_redis(url: str, query: ReportQuery) -> tuple[list[UsageRow], NameOf]:
 
     try:
         store = RedisUsageStore.from_url(url)
-    except ValueError as exc:  # a bad URL; the message does not quote it
+        keys = RedisKeyStore.from_url(url)
+    except (ValueError, ServingError) as exc:  # a bad URL; the message does not quote it
         raise ServingError(f"--redis-url: {exc}") from None
 
-    async def read() -> list[UsageRow]:
+    async def read() -> tuple[list[UsageRow], dict[str, str | None]]:
         try:
-            return await store.read(query.first, query.last, query.key_id)
+            rows = await store.read(query.first, query.last, query.key_id)
+            names: dict[str, str | None] = {}
+            if rows:
+                await keys.refresh()
+                names = {row.key_id: _name(keys.get(row.key_id)) for row in rows}
+            return rows, names
         finally:
             await store.close()
+            await keys.aclose()
 
     try:
-        rows = asyncio.run(read())
-    except RedisError as exc:  # its messages name no URL and no password
+        rows, names = asyncio.run(read())
+    except (RedisError, KeyStoreUnavailable) as exc:  # neither names the URL or password
         raise ServingError(f"--redis-url: {exc}") from None
-    names: dict[str, str | None] = {}
-    if rows:
-        keys = RedisKeyStore.from_url(url)
-        try:
-            keys.refresh()
-            names = {row.key_id: _name(keys.get(row.key_id)) for row in rows}
-        except KeyStoreUnavailable as exc:
-            raise ServingError(f"--redis-url: {exc}") from None
-        finally:
-            keys.close()
     return rows, names.get
 
 

@@ -1,24 +1,18 @@
-"""Usage reports in a running gateway: its ledger, and GET /admin/v1/usage.
+"""Usage reports in a running gateway: its ledger, and GET /admin/v1/usage
+(docs/usage-reports.md).
 
     usage = install_usage_reports(settings, admin, authenticator)   # by `assembly.assemble`
     usage.record(record)            # every API request, beside metrics.observe
     await usage.close()             # at shutdown (the lifespan's last steps)
 
-Where usage goes follows where the deployment's state is: Redis with `redis_url` (the
-replicas add into the same hashes), else keys.db's table `usage_days` (the same file as the
-keys and the budget journal), kept `usage_retention_days` days (`usage_ledger`). Recording
-at the point where `gateway_tokens_total` is observed, from the same record, is what makes
-the report agree with that counter. A gateway with neither (development keys alone) records
-nothing, and the endpoint says so (404 `usage_not_recorded`) rather than report what a
-restart would forget.
-
-    GET /admin/v1/usage?from=2026-03-01&to=2026-03-31[&key=key_5e01c9a7]
-    GET /admin/v1/usage                        # this UTC month, from its first day to today
-
-answers `usage_ledger.report.build_report`'s JSON, the same as `serving usage report
---format json`, with the same defaults for `from` and `to` (`report_query`'s), behind the
-admin keys (`admin.api`). It first writes what this gateway has recorded and not written
-yet, so its own requests are all in; other replicas' last `FLUSH_INTERVAL_S` may not be.
+Rules:
+- the ledger is Redis with `redis_url`, else keys.db's `usage_days`; with neither, nothing
+  is recorded and the endpoint answers 404 `usage_not_recorded`;
+- recording from the same record where `gateway_tokens_total` is observed keeps the report
+  and that counter in agreement;
+- the endpoint answers `usage_ledger.report.build_report`'s JSON, behind the admin keys,
+  after writing what this gateway has not written yet (other replicas' last
+  `FLUSH_INTERVAL_S` may be missing).
 """
 
 from __future__ import annotations

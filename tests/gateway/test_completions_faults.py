@@ -66,7 +66,7 @@ def _everything_returned(gateway: GatewayServer) -> bool:
     return (
         idle(gateway)
         and value(samples, "gateway_queue_running") == 0
-        and not app.completions._running
+        and not app.completions._leases_running
     )
 
 

@@ -35,7 +35,7 @@ class ScriptedResponse:
 
 
 def drain(script: list[bytes | float | Exception]) -> tuple[ResponseMeter, float]:
-    meter = ResponseMeter(strip_usage=True, running=True, strip_running=True)
+    meter = ResponseMeter(strip_usage=True, chunk_usage=True, strip_chunk_usage=True)
     started = time.monotonic()
     asyncio.run(proxy._drain(cast(HopResponse, ScriptedResponse(script)), meter))
     return meter, time.monotonic() - started

@@ -166,24 +166,24 @@ FINAL = sse(usage_chunk(True, completion_tokens=5)).replace(b", ", b",").replace
 
 
 def test_running_usage_is_kept_as_vllms_count_and_cut_out_unless_asked() -> None:
-    meter = ResponseMeter(strip_usage=True, running=True, strip_running=True)
+    meter = ResponseMeter(strip_usage=True, chunk_usage=True, strip_chunk_usage=True)
     out = relay(meter, [*RUNNING, FINAL, DONE])
     assert out == b"".join([*map(without_usage, RUNNING), DONE])
     assert b'"usage"' not in out
     assert meter.running_usage == Usage(14, 5) and meter.usage == Usage(3, 5)
 
-    asked = ResponseMeter(strip_usage=False, running=True)
+    asked = ResponseMeter(strip_usage=False, chunk_usage=True)
     assert relay(asked, [*RUNNING, FINAL, DONE]) == b"".join([*RUNNING, FINAL, DONE])
     assert asked.running_usage == Usage(14, 5) and asked.usage == Usage(3, 5)
 
 
 def test_the_final_usage_is_kept_while_running_usage_is_cut() -> None:
-    meter = ResponseMeter(strip_usage=False, running=True, strip_running=True)
+    meter = ResponseMeter(strip_usage=False, chunk_usage=True, strip_chunk_usage=True)
     assert relay(meter, [*RUNNING, FINAL]) == b"".join([*map(without_usage, RUNNING), FINAL])
 
 
 def test_a_cut_stream_counts_vllms_tokens_not_its_events() -> None:
-    meter = ResponseMeter(strip_usage=True, running=True, strip_running=True)
+    meter = ResponseMeter(strip_usage=True, chunk_usage=True, strip_chunk_usage=True)
     relay(meter, RUNNING[:2])  # cut after the merged event
     assert (meter.events, meter.streamed_tokens(1)) == (2, 4)
     assert meter.usage is None  # a running count is not a finished response's usage
@@ -193,7 +193,7 @@ def test_a_cut_stream_counts_vllms_tokens_not_its_events() -> None:
 
 
 def test_with_several_choices_the_count_bounds_every_choice() -> None:
-    meter = ResponseMeter(strip_usage=True, running=True, strip_running=True)
+    meter = ResponseMeter(strip_usage=True, chunk_usage=True, strip_chunk_usage=True)
     # Choice 1 at 3 tokens; choice 0's event for the same step may still be on its way.
     relay(meter, [running_chunk("a", 2, index=0), running_chunk("b", 3, index=1)])
     assert meter.streamed_tokens(2) == (3 + 1) * 2
@@ -201,7 +201,9 @@ def test_with_several_choices_the_count_bounds_every_choice() -> None:
 
 def test_events_of_several_tokens_raise_the_bounds_by_as_many() -> None:
     # the gateway asked vLLM for up to 4 tokens per event (its stream_interval)
-    meter = ResponseMeter(strip_usage=True, running=True, strip_running=True, tokens_per_event=4)
+    meter = ResponseMeter(
+        strip_usage=True, chunk_usage=True, strip_chunk_usage=True, tokens_per_event=4
+    )
     relay(meter, [running_chunk("a", 8, index=0), running_chunk("b", 9, index=1)])
     assert meter.streamed_tokens(2) == (9 + 4) * 2
     assert meter.streamed_tokens(1) == 9  # one choice: vLLM's count itself
@@ -215,7 +217,7 @@ def test_running_usage_survives_any_chunking(cuts: list[int]) -> None:
     stream = b"".join([*RUNNING, FINAL, DONE])
     edges = [0, *sorted(cut % len(stream) for cut in cuts), len(stream)]
     pieces = [stream[a:b] for a, b in itertools.pairwise(edges)]
-    meter = ResponseMeter(strip_usage=True, running=True, strip_running=True)
+    meter = ResponseMeter(strip_usage=True, chunk_usage=True, strip_chunk_usage=True)
     assert relay(meter, pieces) == b"".join([*map(without_usage, RUNNING), DONE])
     assert meter.running_usage == Usage(14, 5)
 

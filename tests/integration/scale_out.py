@@ -21,7 +21,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -211,6 +211,16 @@ class Gateway:
             self.process.kill()
             self.process.wait()
             raise
+
+
+def terminate_all(gateways: Iterable[Gateway]) -> list[int]:
+    """SIGTERM to every gateway first, then their exit codes: they drain side by side (each
+    drain waits its drain delay), not one after another."""
+    gateways = list(gateways)
+    for gateway in gateways:
+        if gateway.process.poll() is None:
+            gateway.process.send_signal(signal.SIGTERM)
+    return [gateway.terminate() for gateway in gateways]
 
 
 def start_gateway(name: str, engines: list[str], directory: Path, *flags: str) -> Gateway:
@@ -422,8 +432,7 @@ def scale_out_topology(directory: Path) -> Iterator[Topology]:
         topology.back_in_rotation(60)
         yield topology
     finally:
-        for replica in topology.live_replicas():
-            replica.terminate()
+        terminate_all(topology.live_replicas())
         if up.stack.process.poll() is None:
             stop_serving_up(up)
         redis_server.stop()

@@ -142,7 +142,8 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
         wait_until(lambda: http_ok(f"{cluster.engine_url}/health"), "vLLM", START_TIMEOUT_S, engine)
         gateway = subprocess.Popen(
             [sys.executable, "-m", "serving.cli", "gateway", "--upstream", cluster.engine_url,
-             "--port", str(gateway_port), "--keys-db", str(tmp_path / "keys.db")],
+             "--port", str(gateway_port), "--keys-db", str(tmp_path / "keys.db"),
+             "--drain-delay", "0"],  # its own SIGTERM's drain is tested elsewhere
             env=serving_env(SERVING_API_KEY=TEST_KEY), cwd=REPO,
             stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, text=True,
         )  # fmt: skip

@@ -21,7 +21,6 @@ engine is known at all (scaled to zero: it is kept for the engines that come).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 from collections.abc import Awaitable
@@ -105,11 +104,11 @@ class AdapterRoutes:
                 retry_after_s=self._retry_after_s,
             )
         await self._refuse_engines_own(sync, name)
-        entry = await _guarded(asyncio.to_thread(sync.registry.put, name, path))
+        entry = await _guarded(sync.registry.put(name, path))
         await _guarded(sync.run())
         described = self._describe(entry)
         if self._router.engines and not described["engines"]:
-            await _guarded(asyncio.to_thread(sync.registry.remove, name))
+            await _guarded(sync.registry.remove(name))
             reasons = "; ".join(
                 f"{engine}: {why}" for (engine, adapter), why in sync.problems.items()
                 if adapter == name
@@ -125,7 +124,7 @@ class AdapterRoutes:
     async def unload(self, request: AdminRequest) -> tuple[int, object]:
         sync = self._on()
         name = request.tail
-        entry = await _guarded(asyncio.to_thread(sync.registry.remove, name))
+        entry = await _guarded(sync.registry.remove(name))
         if entry is None:
             await self._refuse_engines_own(sync, name)
             raise RouteNotFoundError(f"No adapter {name!r} was loaded through this API.")
@@ -139,7 +138,7 @@ class AdapterRoutes:
         serving = self._catalog.engines_serving(name)
         if serving is None or self._catalog.base_model(name) is None:
             return
-        entries = await _guarded(asyncio.to_thread(sync.registry.entries))
+        entries = await _guarded(sync.registry.entries())
         if any(entry.name == name for entry in entries):
             return
         holding = sorted(engine.label for engine in self._router.engines if engine.index in serving)

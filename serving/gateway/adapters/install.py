@@ -2,7 +2,7 @@
 
     adapters = install_adapters(settings, router, catalog, admin)   # by `assembly.assemble`
     adapters.first_round(); adapters.start() ... adapters.stop()    # the lifespan
-    adapters.close()                                                # the registry, at the end
+    await adapters.close()                                          # the registry, at the end
 
 With `runtime_adapters` off the admin routes answer 403 and nothing runs. On, the registry
 lives in Redis with `redis_url` (every replica reads the same set), else in keys.db; the sync
@@ -61,10 +61,10 @@ class RuntimeAdapters:
         if self._job is not None:
             await self._job.stop()
 
-    def close(self) -> None:
-        """The registry's connection (blocking: the lifespan calls it off the event loop)."""
+    async def close(self) -> None:
+        """The registry's connection (the lifespan's async closers call it)."""
         if self.sync is not None:
-            self.sync.registry.close()
+            await self.sync.registry.close()
 
 
 def install_adapters(

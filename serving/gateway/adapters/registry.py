@@ -1,9 +1,10 @@
 """The adapters an operator loaded at run time, kept where the keys are: SQLite or Redis.
 
     registry = SqliteAdapterRegistry(Path("keys.db"))     # or RedisAdapterRegistry.from_url(url)
-    registry.put("team-a-lora", "/adapters/team-a")        # every engine should hold it
-    registry.remove("team-a-lora")                         # every engine should drop it
-    registry.entries()                                     # both kinds, by name
+    await registry.put("team-a-lora", "/adapters/team-a")  # every engine should hold it
+    await registry.remove("team-a-lora")                   # every engine should drop it
+    await registry.entries()                               # both kinds, by name
+    await registry.close()
 
 Kept, not just sent to the engines once: an engine that starts later (a replica KEDA adds, a
 restarted pod: vLLM forgets runtime adapters when it stops) gets them from the gateways'
@@ -11,11 +12,14 @@ restarted pod: vLLM forgets runtime adapters when it stops) gets them from the g
 adapter stays as a tombstone, so an engine that missed the unload (unreachable then) is
 unloaded when it is seen again; putting the name back replaces the tombstone.
 
-The calls block (SQLite, redis-py): the gateway runs them in a worker thread.
+The calls are coroutines, awaited on the gateway's event loop: SQLite's run in a worker
+thread; Redis's go through the gateway's own client (`quota.redis_client`, a connection of
+the registry's own), whose failures (`RedisError`) become `AdapterStoreUnavailable`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sqlite3
 import threading
@@ -24,11 +28,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Protocol
 
-from redis import Redis
-from redis.exceptions import RedisError
-
 from serving.errors import ServingError
 from serving.gateway.keys.redis_store import DEFAULT_NAMESPACE, DEFAULT_TIMEOUT_S
+from serving.gateway.quota.redis_client import RedisClient
+from serving.gateway.quota.redis_connection import RedisError
 from serving.gateway.quota.sqlite_db import connect
 
 
@@ -47,15 +50,15 @@ class AdapterEntry:
 
 
 class AdapterRegistry(Protocol):
-    def entries(self) -> list[AdapterEntry]: ...
+    async def entries(self) -> list[AdapterEntry]: ...
 
-    def put(self, name: str, path: str) -> AdapterEntry: ...
+    async def put(self, name: str, path: str) -> AdapterEntry: ...
 
-    def remove(self, name: str) -> AdapterEntry | None:
+    async def remove(self, name: str) -> AdapterEntry | None:
         """Mark `name` removed; None when it was never loaded (or is removed already)."""
         ...
 
-    def close(self) -> None: ...
+    async def close(self) -> None: ...
 
 
 def _now() -> str:
@@ -85,14 +88,26 @@ class SqliteAdapterRegistry:
         except sqlite3.Error as exc:
             raise AdapterStoreUnavailable(f"{path}: {exc}") from None
 
-    def entries(self) -> list[AdapterEntry]:
+    async def entries(self) -> list[AdapterEntry]:
+        return await asyncio.to_thread(self._entries)
+
+    async def put(self, name: str, path: str) -> AdapterEntry:
+        return await asyncio.to_thread(self._put, name, path)
+
+    async def remove(self, name: str) -> AdapterEntry | None:
+        return await asyncio.to_thread(self._remove, name)
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self._close)
+
+    def _entries(self) -> list[AdapterEntry]:
         with self._lock, self._errors():
             rows = self._conn.execute(
                 "SELECT name, path, loaded, updated_at FROM lora_adapters ORDER BY name"
             ).fetchall()
         return [AdapterEntry(name, path, bool(loaded), at) for name, path, loaded, at in rows]
 
-    def put(self, name: str, path: str) -> AdapterEntry:
+    def _put(self, name: str, path: str) -> AdapterEntry:
         entry = AdapterEntry(name, path, True, _now())
         with self._lock, self._errors(), self._conn:
             self._conn.execute(
@@ -103,7 +118,7 @@ class SqliteAdapterRegistry:
             )
         return entry
 
-    def remove(self, name: str) -> AdapterEntry | None:
+    def _remove(self, name: str) -> AdapterEntry | None:
         at = _now()
         with self._lock, self._errors(), self._conn:
             row = self._conn.execute(
@@ -113,7 +128,7 @@ class SqliteAdapterRegistry:
             ).fetchone()
         return None if row is None else AdapterEntry(name, row[0], False, at)
 
-    def close(self) -> None:
+    def _close(self) -> None:
         with self._lock:
             self._conn.close()
 
@@ -124,24 +139,24 @@ class SqliteAdapterRegistry:
 class RedisAdapterRegistry:
     """A hash in the Redis the gateway replicas share: name -> {path, loaded, updated_at}."""
 
-    def __init__(self, client: Redis, *, namespace: str = DEFAULT_NAMESPACE) -> None:
+    def __init__(self, client: RedisClient, *, namespace: str = DEFAULT_NAMESPACE) -> None:
         self._client = client
         self._key = "{" + namespace + "}:lora_adapters"
 
     @classmethod
-    def from_url(cls, url: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> RedisAdapterRegistry:
+    def from_url(
+        cls, url: str, *, timeout_s: float = DEFAULT_TIMEOUT_S, namespace: str = DEFAULT_NAMESPACE
+    ) -> RedisAdapterRegistry:
         try:
-            client = Redis.from_url(
-                url, decode_responses=True, socket_timeout=timeout_s,
-                socket_connect_timeout=timeout_s,
-            )  # fmt: skip
+            client = RedisClient.from_url(url, timeout_s=timeout_s)
         except ValueError:
             raise ServingError("not a valid Redis URL") from None  # never the URL: a password
-        return cls(client)
+        return cls(client, namespace=namespace)
 
-    def entries(self) -> list[AdapterEntry]:
+    async def entries(self) -> list[AdapterEntry]:
         with self._errors():
-            raw: dict[str, str] = self._client.hgetall(self._key)  # type: ignore[assignment]
+            reply = list(await self._client.call("HGETALL", self._key))
+        raw = dict(zip(reply[::2], reply[1::2], strict=True))
         entries = []
         for name, text in sorted(raw.items()):
             try:
@@ -153,23 +168,24 @@ class RedisAdapterRegistry:
                 continue  # not ours to interpret: a damaged entry is skipped, not fatal
         return entries
 
-    def put(self, name: str, path: str) -> AdapterEntry:
+    async def put(self, name: str, path: str) -> AdapterEntry:
         entry = AdapterEntry(name, path, True, _now())
         with self._errors():
-            self._client.hset(self._key, name, _encode(entry))
+            await self._client.call("HSET", self._key, name, _encode(entry))
         return entry
 
-    def remove(self, name: str) -> AdapterEntry | None:
-        current = next((e for e in self.entries() if e.name == name and e.loaded), None)
+    async def remove(self, name: str) -> AdapterEntry | None:
+        entries = await self.entries()
+        current = next((e for e in entries if e.name == name and e.loaded), None)
         if current is None:
             return None
         entry = AdapterEntry(name, current.path, False, _now())
         with self._errors():
-            self._client.hset(self._key, name, _encode(entry))
+            await self._client.call("HSET", self._key, name, _encode(entry))
         return entry
 
-    def close(self) -> None:
-        self._client.close()
+    async def close(self) -> None:
+        await self._client.close()
 
     def _errors(self) -> _Translate:
         return _Translate(RedisError, "Redis")

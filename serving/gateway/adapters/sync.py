@@ -38,7 +38,7 @@ class AdapterSync:
     async def run(self) -> list[AdapterEntry]:
         """One round over every engine in the rotation; the registry's entries."""
         async with self._lock:
-            entries = await asyncio.to_thread(self.registry.entries)
+            entries = await self.registry.entries()
             engines = [engine for engine in self._router.engines if engine.in_rotation]
             await asyncio.gather(*(self._engine(engine, entries) for engine in engines))
             return entries

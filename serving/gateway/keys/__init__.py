@@ -4,8 +4,8 @@
 read-only declarative file, e.g. a Kubernetes Secret) both satisfy `KeyStore`, and so does
 `redis_store.RedisKeyStore` (keys shared by gateway replicas, written by `serving keys
 --redis-url`), kept fresh in a gateway by `redis_refresh.RedisKeyRefresh`. Those two are
-imported from their modules, not from here: importing redis-py takes about 0.2 s, which
-`serving keys` with a SQLite store should not pay.
+imported from their modules, not from here: `serving keys` with a SQLite store should not
+pay for importing the Redis client (asyncio, hiredis).
 """
 
 from serving.gateway.keys.credentials import hash_secret, is_key_id, key_id_of, new_secret

@@ -1,9 +1,10 @@
 """Keys in Redis: one store shared by every gateway replica and by `serving keys --redis-url`.
 
     store = RedisKeyStore.from_url("redis://:PASSWORD@redis:6379/0")
-    store.refresh()                                  # load, or reload if anything changed
-    record, secret = store.create(KeySpec("team-a", limits=Limits(rpm=60)))
-    store.authenticate(secret)                       # from memory: no round trip
+    await store.refresh()                                # load, or reload if anything changed
+    record, secret = await store.create(KeySpec("team-a", limits=Limits(rpm=60)))
+    store.authenticate(secret)                           # from memory: no round trip
+    await store.aclose()
 
 Layout, under a namespace (default `qwen-serving:keys`) written in braces, a hash tag, so
 that a Redis Cluster would keep the three in one slot and one MULTI may span them:
@@ -23,18 +24,23 @@ anywhere takes effect in every replica within about a second (the interval plus 
 trip). `create` and `revoke` refresh the store that made them, which sees its own writes at
 once, as a SQLite store does.
 
+The calls that reach Redis (`refresh`, `create`, `revoke`, `aclose`) are coroutines over the
+gateway's own client (`quota.redis_client`, one connection of the store's own), run on the
+gateway's event loop; `serving keys` runs them through `BlockingRedisKeyStore`.
+
 While Redis is unreachable, `refresh` raises `KeyStoreUnavailable` and the snapshot stays as
 it was: known keys keep working and revocations wait until Redis answers again. A Redis that
 comes back empty (no persistence) empties the snapshot at the next refresh, as it should:
 give it persistence. A record that does not parse is left out and logged by its id, so its
 key fails closed while every other key and every revocation still loads.
 
-Every redis-py error becomes `KeyStoreUnavailable`, raised `from None` so that no chained
+Every `RedisError` becomes `KeyStoreUnavailable`, raised `from None` so that no chained
 message travels with it; its text names Redis's address, never the URL's password.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import secrets
@@ -44,12 +50,11 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from redis import Redis
-from redis.exceptions import RedisError
-
 from serving.errors import ServingError
 from serving.gateway.keys.record import KeyRecord, KeySpec, new_records
 from serving.gateway.keys.store import authenticate_with
+from serving.gateway.quota.redis_client import RedisClient
+from serving.gateway.quota.redis_connection import RedisError
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +84,7 @@ _UNLOADED = _Snapshot(version="")
 class RedisKeyStore:
     """Usage: `RedisKeyStore.from_url(url)`; nothing is read until `refresh`."""
 
-    def __init__(self, client: Redis, *, namespace: str = DEFAULT_NAMESPACE) -> None:
+    def __init__(self, client: RedisClient, *, namespace: str = DEFAULT_NAMESPACE) -> None:
         self._client = client
         tag = "{" + namespace + "}"
         self._records_key = f"{tag}:records"
@@ -92,24 +97,18 @@ class RedisKeyStore:
         cls, url: str, *, timeout_s: float = DEFAULT_TIMEOUT_S, namespace: str = DEFAULT_NAMESPACE
     ) -> RedisKeyStore:
         try:
-            client = Redis.from_url(
-                url,
-                decode_responses=True,
-                socket_timeout=timeout_s,
-                socket_connect_timeout=timeout_s,
-            )
+            client = RedisClient.from_url(url, timeout_s=timeout_s)
         except ValueError:
-            # Not redis-py's message: for some malformed URLs it quotes the password.
+            # One message for every malformed URL, and never the URL: it may hold a password.
             raise ServingError(f"not a valid Redis URL (expected {URL_FORMS})") from None
         return cls(client, namespace=namespace)
 
     @property
     def location(self) -> str:
-        settings = self._client.connection_pool.connection_kwargs
-        if "path" in settings:
-            return f"Redis at unix:{settings['path']}"
-        host, port = settings.get("host") or "localhost", settings.get("port") or 6379
-        return f"Redis at {host}:{port}/{settings.get('db') or 0}"
+        endpoint = self._client.endpoint
+        if endpoint.unix_path is not None:
+            return f"Redis at unix:{endpoint.unix_path}"
+        return f"Redis at {endpoint.host}:{endpoint.port}/{endpoint.db}"
 
     @property
     def loaded(self) -> bool:
@@ -125,55 +124,64 @@ class RedisKeyStore:
     def authenticate(self, secret: str) -> KeyRecord | None:
         return authenticate_with(self, secret)
 
-    def refresh(self) -> bool:
+    async def refresh(self) -> bool:
         """Load the keys if they changed since the last load; True if a new snapshot was
         loaded. `KeyStoreUnavailable` (and the old snapshot kept) if Redis cannot answer."""
         with self._redis_errors():
-            if self._client.get(self._version_key) == self._snapshot.version:
+            if await self._client.call("GET", self._version_key) == self._snapshot.version:
                 return False
-            with self._client.pipeline(transaction=True) as pipe:
-                pipe.get(self._version_key)
-                pipe.hgetall(self._records_key)
-                pipe.smembers(self._revoked_key)
-                version, documents, revoked = pipe.execute()
-        self._snapshot = _Snapshot(version, _parse(documents, revoked))
+            version, documents, revoked = await self._client.transaction(
+                ("GET", self._version_key),
+                ("HGETALL", self._records_key),
+                ("SMEMBERS", self._revoked_key),
+            )
+        pairs = list(documents)
+        fields = dict(zip(pairs[::2], pairs[1::2], strict=True))
+        self._snapshot = _Snapshot(version, _parse(fields, set(revoked)))
         return True
 
-    def create(self, spec: KeySpec, *, now: datetime | None = None) -> tuple[KeyRecord, str]:
+    async def create(self, spec: KeySpec, *, now: datetime | None = None) -> tuple[KeyRecord, str]:
         """Store a new key; returns it with its secret, which exists nowhere else."""
         candidates = new_records(spec, now=now)
         for record, secret in candidates:
-            with self._redis_errors(), self._client.pipeline(transaction=True) as pipe:
+            with self._redis_errors():
                 # HSETNX: an id another writer took is never overwritten. Bumping the
                 # version for a collision too costs readers one needless reload, nothing more.
-                pipe.hsetnx(self._records_key, record.key_id, _encode(record))
-                pipe.set(self._version_key, _new_version())
-                added, _ = pipe.execute()
+                added, _ = await self._client.transaction(
+                    ("HSETNX", self._records_key, record.key_id, _encode(record)),
+                    ("SET", self._version_key, _new_version()),
+                )
             if added:
-                self.refresh()
+                await self.refresh()
                 return record, secret
         raise ServingError(f"could not find a free key id in {self.location}")
 
-    def revoke(self, key_id: str) -> KeyRecord:
+    async def revoke(self, key_id: str) -> KeyRecord:
         """Mark a key revoked (again is fine); unknown ids are an error naming the id."""
         with self._redis_errors():
             # Records are never deleted, so one that exists now still exists at the SADD.
-            exists = self._client.hexists(self._records_key, key_id)
+            exists = await self._client.call("HEXISTS", self._records_key, key_id)
             if exists:
-                with self._client.pipeline(transaction=True) as pipe:
-                    pipe.sadd(self._revoked_key, key_id)
-                    pipe.set(self._version_key, _new_version())
-                    pipe.execute()
+                await self._client.transaction(
+                    ("SADD", self._revoked_key, key_id),
+                    ("SET", self._version_key, _new_version()),
+                )
         if not exists:
             raise ServingError(f"key id {key_id!r}: no such key in {self.location}")
-        self.refresh()
+        await self.refresh()
         record = self.get(key_id)
         if record is None:  # stored, but does not parse (logged by `refresh`)
             raise ServingError(f"key id {key_id!r}: revoked, but its record in Redis is invalid")
         return record
 
     def close(self) -> None:
-        self._client.close()
+        """`KeyStore.close`, which the gateway calls off its event loop: nothing to do there.
+        The connection belongs to the loop that opened it; `aclose` (which the gateway's
+        refresh calls as it stops) closes it."""
+
+    async def aclose(self) -> None:
+        """Close the connection to Redis; the snapshot stays, and lookups keep answering."""
+        await self._client.close()
 
     @contextmanager
     def _redis_errors(self) -> Iterator[None]:
@@ -187,9 +195,57 @@ class RedisKeyStore:
     def _describe(self, exc: RedisError) -> str:
         lines = str(exc).splitlines()
         text = f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
-        # redis-py's messages name the address, not the password; this makes sure of it.
-        password = self._client.connection_pool.connection_kwargs.get("password")
+        # The client's messages name no URL and no password; this makes sure of it.
+        password = self._client.endpoint.password
         return text.replace(password, "***") if password else text
+
+
+class BlockingRedisKeyStore:
+    """A `RedisKeyStore` with blocking calls, a `WritableKeyStore` for `serving keys`: each
+    call runs to its end on an event loop of its own (`asyncio.Runner`), which keeps the
+    connection between calls. Not for a thread with a running loop (a gateway)."""
+
+    def __init__(self, store: RedisKeyStore) -> None:
+        self.store = store
+        self._runner = asyncio.Runner()
+
+    @classmethod
+    def from_url(
+        cls, url: str, *, timeout_s: float = DEFAULT_TIMEOUT_S, namespace: str = DEFAULT_NAMESPACE
+    ) -> BlockingRedisKeyStore:
+        return cls(RedisKeyStore.from_url(url, timeout_s=timeout_s, namespace=namespace))
+
+    @property
+    def location(self) -> str:
+        return self.store.location
+
+    @property
+    def loaded(self) -> bool:
+        return self.store.loaded
+
+    def get(self, key_id: str) -> KeyRecord | None:
+        return self.store.get(key_id)
+
+    def list_keys(self) -> list[KeyRecord]:
+        return self.store.list_keys()
+
+    def authenticate(self, secret: str) -> KeyRecord | None:
+        return self.store.authenticate(secret)
+
+    def refresh(self) -> bool:
+        return self._runner.run(self.store.refresh())
+
+    def create(self, spec: KeySpec, *, now: datetime | None = None) -> tuple[KeyRecord, str]:
+        return self._runner.run(self.store.create(spec, now=now))
+
+    def revoke(self, key_id: str) -> KeyRecord:
+        return self._runner.run(self.store.revoke(key_id))
+
+    def close(self) -> None:
+        try:
+            self._runner.run(self.store.aclose())
+        finally:
+            self._runner.close()
 
 
 def _encode(record: KeyRecord) -> str:

@@ -1,27 +1,18 @@
 """What admission decides, as one pure function: `decide` (limits + what each scope holds +
 the need + now -> admit, or the `Refusal` with the longest wait), and the rate-limit state
-either way (`rate_limit_status`).
+either way (`rate_limit_status`) (docs/architecture.md, quota semantics).
 
-Every store decides with these: `InMemoryQuotaStore` calls them on its own counters; the
-Redis store's reserve script applies the same admit condition to Redis's counters inside
-one atomic step and hands back what it read, from which `decide` names the refusal. So the
-two cannot disagree on what is refused or for how long.
-
-A lease is one admitted request's hold on a concurrency slot and its token reservation,
-known by its id (a string unique across stores and replicas, never by object identity) and
-held until its expiry unless renewed. It ends exactly once: settled (response done),
-aborted (client went away), failed (upstream produced nothing) or expired (nobody ended it
-within its time to live, e.g. a bug or a crashed replica). Ending an ended lease is a no-op
-that says so (False), so cleanup paths and retried settles may overlap.
-
-A refusal maps to OpenAI's error shape (docs/architecture.md, errors and metrics): minute
-limits and concurrency are `requests`/`tokens` + `rate_limit_exceeded`; spent day/month
-budgets are `insufficient_quota`. Every refusal has a finite `Retry-After`.
-
-The rate-limit state is what OpenAI reports in the `x-ratelimit-*` response headers
-(`headers`): the key's (or key+model's) minute windows after this request's reservation;
-where a key and its per-model override both limit a dimension, the one with less left is
-shown.
+Rules:
+- every store decides with these: `InMemoryQuotaStore` calls them, the Redis reserve script
+  applies the same admit condition and `decide` names its refusal, so the two cannot
+  disagree on what is refused or for how long;
+- a lease is known by its id (unique across stores and replicas, never object identity) and
+  ends exactly once: settled, aborted, failed, withdrawn or expired; ending an ended lease
+  is a no-op that says so (False);
+- minute limits and concurrency refuse as `rate_limit_exceeded`, spent day/month budgets as
+  `insufficient_quota`; every refusal has a finite `Retry-After`;
+- the `x-ratelimit-*` state is the minute windows after this reservation; where a key and
+  its per-model override both limit a dimension, the one with less left is shown.
 """
 
 from __future__ import annotations

@@ -10,18 +10,12 @@
     or, before anything was sent upstream:
         await engine.withdraw(lease)           a check after admission refused the body
 
-The reservation is `prompt_estimate + max_tokens`. "Never over a limit" holds when that is
-an upper bound of what is then charged: vLLM never exceeds `max_tokens`, and the caller must
-estimate the prompt from above (a byte-level BPE never makes more tokens than UTF-8 bytes).
-A charge above the reservation is still booked truthfully, so an estimator bug shows up as
-usage rather than disappearing.
-
-`fail` charges no tokens: the client got nothing, and a retry on another replica happens
-within the same lease. The request still counts against requests/min: it was admitted and
-did load the upstream, and refunding it would let a failing upstream be hammered past rpm.
-`withdraw` is for a request the gateway itself refused after admitting it (checks too
-expensive to run for a key at its limit run after the reservation): nothing reached the
-upstream, so nothing is consumed, requests/min included, as for a refusal before admission.
+Rules:
+- "never over a limit" holds while the reservation (`prompt_estimate + max_tokens`) bounds
+  the charge: the caller estimates the prompt from above; a charge above it is still booked;
+- `fail` charges no tokens but the request still counts against requests/min (it loaded the
+  upstream; refunding it would let a failing upstream be hammered past rpm);
+- `withdraw` consumes nothing, requests/min included: nothing reached the upstream.
 """
 
 from __future__ import annotations

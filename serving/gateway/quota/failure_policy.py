@@ -1,34 +1,19 @@
-"""What the gateway does while its shared quota store (Redis) cannot answer.
+"""What the gateway does while its shared quota store (Redis) cannot answer (docs/gateway.md,
+shared quotas).
 
     store = GuardedQuotaStore(RedisQuotaStore.from_url(url), policy=FailurePolicy.CLOSED)
     await store.check()          # lease upkeep: probe, and once it answers, settle what waited
 
-Every call to the shared store is bounded by its timeout; one that fails or runs out gets
-the policy's answer instead, within that bound:
-
-    closed  (default) a reservation raises `QuotaStoreUnavailable`: the request gets 503 with
-            Retry-After and nothing reaches the upstream; `unready_reason` makes /readyz fail
-            until the store answers again. No key can exceed a limit, at the price of serving
-            nothing while Redis is away.
-    local   reservations are made against counters in this process, each limit divided by
-            `replicas` (rounded down), so N replicas that all lost Redis together grant at
-            most the limit per window (while only some lost it, their shares come on top of
-            what the others admit through Redis). Their day/month budgets start from nothing
-            (Redis's totals are out of reach) and are not added to Redis afterwards: an outage
-            can cost a key up to one extra budget, spread over the replicas. Availability
-            first.
-
-Leases that live in the shared store are only ever ended there, by id. The shared store
-queues its endings and sends them with its next call (`redis_store`); they wait there while
-it cannot answer, as do cancellations of reservations whose answer was lost, and `check()`
-sends them once it answers. An ending the shared store refused to take (a lease it did not
-issue, ended while it was down) waits here and `check()` delivers it the same way. Endings
-are idempotent by id, so one that did arrive before its answer was lost is not charged
-twice. Leases of the local fallback end locally. Until its ending is delivered, a lease
-counts in `active_leases`, as it still holds its slot in Redis.
-
-`up` (the last call's outcome) and `errors` (calls that failed) are the gauge
-gateway_quota_store_up and the counter gateway_quota_store_errors_total.
+Rules:
+- a call that fails or runs out of time gets the policy's answer within the same bound:
+  `closed` raises `QuotaStoreUnavailable` (503, /readyz fails via `unready_reason`);
+  `local` reserves against counters in this process, each limit divided by `replicas`
+  (rounded down); local day/month budgets start from nothing and are not added to Redis;
+- leases of the shared store are only ever ended there, by id: endings (and cancellations)
+  wait while it cannot answer, and `check()` sends them once it does; an ending it refused
+  waits here the same way; leases of the local fallback end locally;
+- until its ending is delivered, a lease counts in `active_leases`;
+- `up` and `errors` feed gateway_quota_store_up and gateway_quota_store_errors_total.
 """
 
 from __future__ import annotations

@@ -1,34 +1,18 @@
-"""Day and month budgets on disk: settled charges, added up by every process sharing the file.
+"""Day and month budgets on disk: settled charges, added up by every process sharing the file
+(docs/gateway.md, budgets on disk).
 
-What a row holds. `quota_budgets` has one row per (key, model, day|month, period) with the
-tokens charged in it. Only settled charges are written: when a lease ends (settled, aborted,
-or expired with its whole reservation) its charge is *added* to the rows of the day and month
-it was admitted in (`spent = spent + excluded.spent`). Reservations of running requests are
-never written, so gateways sharing one keys.db each add only what they charged and the rows
-are the sum; a crash forgets the requests that were running (their tokens were never
-confirmed) and never over-charges.
-
-How it is written. `record()` runs on the event loop and only puts the charge on a queue.
-One writer thread takes everything queued, sums it per row and commits it in one transaction
-(group commit), then rests `COMMIT_INTERVAL_S` before it comes back for more: idle, a commit
-carries one charge; under load, all that arrived in the last interval. So a charge is on disk
-at most an interval and a commit after it was recorded, and that is what a SIGKILL can lose.
-The rest keeps a busy gateway from spending a core on SQLite (measured: committing after
-every request cost 15-20 µs of the event loop's CPU per request through the GIL, about a
-tenth of the gateway's whole per-request cost). Commits survive a killed process (WAL,
-synchronous=NORMAL); a power cut may lose the last ones.
-
-Failures. A transaction that fails (the file locked past the busy timeout, disk full, I/O) is
-rolled back, counted (`failures()`, exported as `gateway_budget_flush_failures_total`),
-logged, and retried with the same deltas after a back-off; charges that arrive meanwhile wait
-for the next transaction. Each transaction also stores its (writer, batch number), so a COMMIT
-that reported an error but took effect is recognised on the retry and not applied twice.
-`close()` drains the queue, retrying until its deadline, and logs what it could not write.
-
-Only calendar budgets are persisted: minute windows refill within a minute of a restart
-anyway. `load()` reads the day's and month's totals at start-up; from then on each process
-counts only its own charges (live counters shared between processes are Redis's job).
-The tables live in the same SQLite file as the keys by default.
+Rules:
+- one row per (key, model, day|month, period); only settled charges are written, *added* to
+  the rows of the period the lease was admitted in, so processes sharing keys.db sum up and
+  a crash never over-charges;
+- `record()` only queues; one writer thread commits what queued in one transaction, then
+  rests `COMMIT_INTERVAL_S`: a SIGKILL loses at most an interval and a commit (WAL,
+  synchronous=NORMAL: a power cut may lose the last commits);
+- a failed transaction is rolled back, counted (`failures()`), logged and retried with the
+  same deltas; its (writer, batch number) is stored so a COMMIT that reported an error but
+  took effect is not applied twice;
+- `close()` drains the queue until its deadline; `load()` reads the totals at start-up;
+  minute windows are not persisted (they refill within a minute).
 """
 
 from __future__ import annotations
@@ -53,6 +37,8 @@ BudgetKind = Literal["day", "month"]
 RowKey = tuple[str, str, BudgetKind, str]
 
 DEFAULT_CLOSE_TIMEOUT_S = 10.0
+# The writer's rest between commits: committing after every request would cost about a
+# tenth of the gateway's per-request CPU (through the GIL).
 COMMIT_INTERVAL_S = 0.05
 RETRY_FIRST_S = 0.05
 RETRY_MAX_S = 2.0

@@ -1,27 +1,36 @@
-"""A lean Redis client for the quota store: one pipelined connection, opened when needed.
+"""The gateway's one Redis client: one pipelined connection, opened when needed.
 
     client = RedisClient.from_url("redis://:pw@redis:6379/0", timeout_s=0.25)
     reply = await client.call("PING")                          # "PONG"
     reply = await client.run_script(script, keys, args)        # EVALSHA; EVAL on NOSCRIPT
+    replies = await client.transaction(("HSETNX", h, f, v), ("SET", k, v))   # MULTI ... EXEC
     await client.close()
 
-Why not redis-py: `make bench` measured its asyncio client's machinery per call (a pooled
-connection taken and handed back, commands packed in Python, reply callbacks, a timeout
-context per call) at over 100 µs of the gateway's CPU, most of what the Redis store cost.
-The store needs a handful of commands on one server, so this is `hop_connection`'s approach
-again: an asyncio Protocol (`redis_connection`), hiredis packing commands and parsing
-replies in C, and one connection that pipelines every caller's commands.
+Every Redis the gateway and its commands talk to goes through it: the quota store, the usage
+ledger, the key store (`keys.redis_store`, also `serving keys --redis-url`) and the adapter
+registry, each over a client (so a connection) of its own. Why not redis-py: `make bench`
+measured its asyncio client's machinery per call (a pooled connection taken and handed back,
+commands packed in Python, reply callbacks, a timeout context per call) at over 100 µs of the
+gateway's CPU, most of what the Redis store cost. The gateway needs a handful of commands on
+one server, so this is `hop_connection`'s approach again: an asyncio Protocol
+(`redis_connection`), hiredis packing commands and parsing replies in C, and one connection
+that pipelines every caller's commands. Its failures are one tree, `RedisError`.
 
 URLs, as redis-py spells them: `redis://[[user]:password@]host[:port][/db]`; `rediss://`
 the same over TLS (the system's CAs, or `?ssl_ca_certs=FILE`; `?ssl_cert_reqs=none` skips
-verification); `unix://[[user]:password@]/path/to/redis.sock[?db=N]`.
+verification, `?ssl_check_hostname=false` only the name check; a client certificate with
+`?ssl_certfile=FILE&ssl_keyfile=FILE`); `unix://[[user]:password@]/path/to/redis.sock[?db=N]`.
+Other query parameters (redis-py's socket and pool options) are ignored.
 
 The rules:
 - A call is bounded by `timeout_s` from its start: opening a connection, saying hello
   (AUTH, SELECT) and the reply all count against it.
 - One connection, opened by the first call that needs it (calls arriving meanwhile wait for
   the same opening). When it is lost, closed or stalls (`redis_connection`), the calls
-  waiting on it fail and the next call opens a new one.
+  waiting on it fail and the next call opens a new one. It belongs to the event loop that
+  opened it: a client is used from one loop.
+- A transaction's MULTI, commands and EXEC are written together, so no other caller's
+  command comes between them on the connection: Redis runs them as one.
 - Nothing is retried, except a script Redis does not know (NOSCRIPT: it did not run), which
   is sent again once in full with EVAL (that also loads it). A script that may have run
   must not run twice; whether to try again is the caller's business.
@@ -105,7 +114,15 @@ def parse_url(url: str) -> RedisEndpoint:
 
 
 def _tls_context(query: dict[str, str]) -> ssl.SSLContext:
-    context = ssl.create_default_context(cafile=query.get("ssl_ca_certs"))
+    """redis-py's query parameters for TLS: `ssl_ca_certs`, `ssl_cert_reqs`,
+    `ssl_check_hostname`, `ssl_certfile` and `ssl_keyfile`."""
+    try:
+        context = ssl.create_default_context(cafile=query.get("ssl_ca_certs"))
+        certfile = query.get("ssl_certfile")
+        if certfile:
+            context.load_cert_chain(certfile, query.get("ssl_keyfile") or None)
+    except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
+        raise ValueError(f"cannot read the TLS files of the URL ({type(exc).__name__})") from None
     requirement = query.get("ssl_cert_reqs", "required").lower()
     if requirement == "none":
         context.check_hostname = False
@@ -115,6 +132,9 @@ def _tls_context(query: dict[str, str]) -> ssl.SSLContext:
         context.verify_mode = ssl.CERT_OPTIONAL
     elif requirement != "required":
         raise ValueError("ssl_cert_reqs must be none, optional or required")
+    # As redis-py reads a boolean: these are false, anything else true.
+    if query.get("ssl_check_hostname", "").upper() in ("0", "F", "FALSE", "N", "NO"):
+        context.check_hostname = False
     return context
 
 
@@ -171,6 +191,27 @@ class RedisClient:
                 raise
         return await self._send(pack(("EVAL", script.source, len(keys), *keys, *args)), deadline)
 
+    async def transaction(self, *commands: tuple[Arg, ...]) -> list[Any]:
+        """Run `commands` in one MULTI/EXEC within the client's timeout and return their
+        replies. An error reply raises `RedisReplyError`: one Redis refused to queue (then
+        nothing ran: EXECABORT), or the first one that failed as it ran (the others ran)."""
+        deadline = asyncio.get_running_loop().time() + self.timeout_s
+        connection = await self._ready(deadline)
+        packed = [pack(("MULTI",)), *(pack(command) for command in commands), pack(("EXEC",))]
+        # Sent without an await between them: one contiguous run on the connection.
+        sent = [connection.send(command, deadline) for command in packed]
+        replies = await asyncio.gather(*sent, return_exceptions=True)
+        for reply in replies:
+            if isinstance(reply, BaseException):
+                raise reply
+        results = replies[-1]
+        if not isinstance(results, list):  # nil: only a WATCH aborts, and none is sent
+            raise RedisReplyError("Redis did not run the transaction")
+        for result in results:
+            if isinstance(result, RedisReplyError):
+                raise result
+        return results
+
     async def close(self) -> None:
         """Close the connection; later calls fail with `RedisConnectionError`."""
         self._closed = True
@@ -184,10 +225,16 @@ class RedisClient:
                     await connection.lost
 
     async def _send(self, command: bytes, deadline: float) -> Any:
-        connection = self._current
+        connection = self._current  # `_ready`, inlined: every quota call comes here
         if connection is None or connection.closed:
             connection = await self._connection(deadline)
         return await connection.send(command, deadline)
+
+    async def _ready(self, deadline: float) -> RedisConnection:
+        connection = self._current
+        if connection is None or connection.closed:
+            connection = await self._connection(deadline)
+        return connection
 
     async def _connection(self, deadline: float) -> RedisConnection:
         if self._closed:

@@ -21,7 +21,9 @@ The rules (`redis_client` opens these, says hello and opens a new one when one i
 - An error reply (`-ERR ...`) fails its own command only (`RedisReplyError`). Bytes that are
   not RESP, or a reply nobody asked for, close the connection.
 
-Errors (one tree; the quota store turns each into `QuotaStoreUnavailable`):
+Errors: one tree for every Redis failure in the gateway and its commands (the quota store
+turns each into `QuotaStoreUnavailable`, the key store into `KeyStoreUnavailable`, the adapter
+registry into `AdapterStoreUnavailable`):
 
     RedisError
     ├── RedisConnectionError  the connection is gone (lost, closed, stalled); also a

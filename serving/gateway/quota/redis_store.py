@@ -1,55 +1,24 @@
-"""The shared quota store: counters in Redis, exact across gateway replicas.
+"""The shared quota store: counters in Redis, exact across gateway replicas (docs/gateway.md,
+shared quotas; the key layout is in `lua/common.lua`).
 
     store = RedisQuotaStore.from_url("redis://redis:6379/0", timeout_s=0.25)
     lease, status = await store.try_reserve(scopes, prompt, max_tokens, ttl)
     await store.finish(lease, LeaseState.SETTLED, charged)   # queued: no round trip
     await store.close()                                       # sends what is still queued
 
-Every operation is one server-side Lua script (`redis_scripts`), sent with EVALSHA by a lean
-pipelined client (`redis_client`; in full once when Redis answers NOSCRIPT, after a restart
-or SCRIPT FLUSH). A script runs atomically, so replicas racing for a key's last slot or last
-requests of the minute cannot both get it: one script is one step of the same state
-machine `InMemoryQuotaStore` runs in-process. The scripts read Redis's own TIME, not the
-gateway's clock, so replicas with skewed clocks still agree on buckets, days and expiries.
-
-One round trip per request: `finish` sends nothing. The ending waits in a queue
-(`settle_queue`) and rides on this store's next script call, which ends the queued leases
-before it does its own work (the prelude of `lua/common.lua`). Under load that call is the
-next request's reservation. So:
-- on this replica, a request of a key that follows one that ended finds its slot free and
-  its unused tokens back (the ending runs first, in the same script);
-- on other replicas, the slot and the tokens come back within the settle delay
-  (`settle_delay_s`, 5 ms: the queue then sends its endings by themselves) plus a round trip;
-- endings survive Redis being down: they stay queued and go with the next call that Redis
-  answers (or the lease upkeep's `flush`, or `close` at shutdown). Ending a lease is
-  idempotent by id, so one sent twice (its answer was lost) is charged once. Endings still
-  queued when the process dies are lost; their leases expire with their whole reservation
-  charged, as a crashed replica's do.
-- `finish` answers from what this store knows: True for a lease it issued and had not seen
-  end. A lease that expired in Redis meanwhile (its ending came after its TTL, and another
-  replica's upkeep reclaimed it first) is told so on its object once the ending is
-  delivered; it was charged once, in full, by the reclaim. A lease this store did not issue
-  is ended at once, as before (one round trip).
-
-Layout (`lua/common.lua` has the details): per scope, 1 s buckets in a hash per minute
-window and a hash with the requests in flight and the UTC day's and month's spending; per
-key id, the leases in a hash and a sorted set by expiry, so the leases of a crashed replica
-expire (the next reservation of that key, or any replica's upkeep, reclaims them with their
-full reservation charged). Every key name is `<namespace>:{<key id>}:...`, a hash tag per
-key id. One script may end the leases of several key ids, so the store needs one Redis (a
-primary, with replicas or Sentinel if wanted), not a Redis Cluster. A set `<namespace>:keys`
-lists the key ids that have held leases, for upkeep, which reclaims many key ids per call.
-
-The reserve script applies decision.decide's admit condition; on a refusal it hands back
-the counters it read and `decide` itself names the refusal and its wait, so the two stores
-refuse alike. Lease ids are made here (`LeaseIds`) and sent with the reservation: a
-reservation whose answer was lost, or that shutdown interrupted, is cancelled by id (a
-queued ending with `cancel`), even before it lands, instead of holding its slot until it
-expires.
-
-Every call is bounded by `timeout_s` (connecting included); one that fails or runs out
-raises `QuotaStoreUnavailable`. Nothing is retried by the client: a script that may have run
-must not run twice.
+Rules:
+- every operation is one atomic Lua script (`redis_scripts`) on Redis's own clock, the same
+  state machine `InMemoryQuotaStore` runs; the reserve script applies `decision.decide`'s
+  admit condition and hands back what it read, so `decide` names the refusal;
+- `finish` sends nothing: the ending rides on the next script call (`settle_queue`), which
+  ends queued leases first; it answers True for a lease this store issued and had not seen
+  end (a lease another replica reclaimed meanwhile is told so once the ending arrives);
+- lease ids are made here (`LeaseIds`), so a reservation whose answer was lost is cancelled
+  by id instead of holding its slot until it expires;
+- key names carry a hash tag per key id, but one script may end several key ids' leases:
+  one Redis, not a Redis Cluster;
+- every call is bounded by `timeout_s` and raises `QuotaStoreUnavailable`; nothing is
+  retried, since a script that may have run must not run twice.
 """
 
 from __future__ import annotations

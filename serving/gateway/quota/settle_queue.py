@@ -1,4 +1,5 @@
-"""Lease endings the Redis store has not sent yet: each rides on the store's next call.
+"""Lease endings the Redis store has not sent yet: each rides on the store's next call, so a
+request costs one round trip (docs/gateway.md, shared quotas).
 
     queue = SettleQueue(delay_s=0.005, retry_s=1.0, due=start_flush)
     queue.put(Ending(lease_id, key_id, charge, cancel=False, lease=lease))  # finish(): no I/O
@@ -6,21 +7,13 @@
     queue.delivered(batch)                # ... and they arrived,
     queue.returned(batch)                 # ... or the call failed: they wait again
 
-Why: ending a lease used to be a round trip of its own, the second of every request. Queued,
-an ending costs nothing until the replica's next call to Redis. Under load that is the next
-request's reservation, whose script ends the queued leases before it decides (the prelude
-of `lua/common.lua`), so a request costs one round trip, and a request that follows another
-of the same key on the same replica finds the slot the first one freed.
-
-When no call comes, the timer asks for a flush (`due`) once an ending has waited `delay_s`:
-that bounds how long another replica can see a finished request's slot as taken. The timer
-is armed by the first ending and re-armed only when it fires, not per ending. Endings whose
-call failed come back (`returned`) and are due again `retry_s` later, so a Redis that is
-down is not asked again at every ending; the next call to Redis carries them anyway.
-
-An ending is known by its lease id while queued and while a call carries it (`in`), so a
-second ending of the same lease is noticed here; `len` counts both kinds, as their leases
-still hold their slots in Redis.
+Rules:
+- with no call coming, a flush is due (`due`) once an ending has waited `delay_s`, which
+  bounds how long other replicas see a finished request's slot as taken; one timer, armed
+  by the first ending and re-armed only when it fires;
+- endings whose call failed are due again `retry_s` later, not at every ending;
+- an ending is known by its lease id while queued and while a call carries it (`in`), so a
+  second ending of the same lease is noticed; `len` counts both.
 """
 
 from __future__ import annotations

@@ -1,29 +1,20 @@
-"""Engine discovery: the engines behind a DNS name, kept in the router as they come and go.
+"""Engine discovery: the engines behind a DNS name (a Kubernetes headless Service), kept in the
+router as they come and go (docs/scale-out.md, engine discovery).
 
     lookup = DnsLookup("engine-headless", nameserver="10.96.0.10", timeout_s=2)
     discovery = EngineDiscovery(settings, router, lookup, changed=on_change)
     await discovery.refresh()          # at startup, before traffic
     discovery.start() ... await discovery.stop()
 
-The upstream `dns+http://engine-headless:8000` names a Kubernetes headless Service: its DNS
-name answers with one A (or AAAA) record per ready engine pod. Each lookup asks the configured
-nameserver (dnspython: `getaddrinfo` cannot be pointed at a given server, and does not tell
-the TTL), keeps what `dns_answer.AnswerScreen` lets through (no loopback, link-local,
-unspecified or own address unless `discovery_allow_local`; at most `discovery_max_engines`;
-a warning names what it dropped whenever that changes), then:
-
-- addresses that are new join: an `Engine` with its own client, in the rotation once its
-  `/health` passes (the `changed` callback runs the health check at once);
-- addresses no longer listed drain (`Router.drain`): no new request goes to them, the ones
-  they serve finish, and their connections close after the last (`reap`, every lookup);
-- NXDOMAIN or no records: no engine (a headless Service with no ready pod has none), so every
-  engine drains and requests get 503 at once;
-- no answer (timeout, SERVFAIL, refused, unreachable server): the last good answer stays (a
-  DNS outage must not empty a gateway whose engines work), counted as a discovery error.
-
-The next lookup comes when the answer's TTL runs out, at most `discovery_interval_s` later and
-at least `MIN_INTERVAL_S` (a TTL of 0 must not turn into a busy loop); after a failed one,
-`RETRY_S` later (or the interval, when shorter).
+Rules:
+- lookups use dnspython (`getaddrinfo` cannot be pointed at a server nor tells the TTL);
+  each answer is screened by `dns_answer.AnswerScreen`;
+- new addresses join (in the rotation once `/health` passes; `changed` probes at once);
+  addresses no longer listed drain (`Router.drain`, `reap` every lookup);
+- NXDOMAIN or no records: every engine drains; no answer at all: the last good answer stays
+  (a DNS outage must not empty a working gateway), counted as a discovery error;
+- the next lookup comes at the answer's TTL, within [`MIN_INTERVAL_S`,
+  `discovery_interval_s`]; after a failure, `RETRY_S` later (or the interval, if shorter).
 """
 
 from __future__ import annotations

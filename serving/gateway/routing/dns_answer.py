@@ -1,25 +1,17 @@
-"""Which addresses of a DNS answer may become engines (`discovery` applies it to each answer).
+"""Which addresses of a DNS answer may become engines (`discovery` applies it to each answer;
+docs/scale-out.md, engine discovery).
 
     screen = AnswerScreen(max_engines=64, allow_local=False, own=own_addresses("0.0.0.0"))
     screened = screen.apply(["10.0.0.7", "169.254.169.254"])
     screened.kept       # frozenset({"10.0.0.7"})
     screened.dropped    # {"169.254.169.254": "link-local"}
 
-Whoever answers the name decides where the gateway sends its tenants' requests, with their
-prompts and its own connections, so an answer is not trusted as it comes:
-
-- addresses that reach this machine or its link are dropped unless `allow_local`: loopback
-  (127.0.0.0/8, `::1`), unspecified (0.0.0.0/8 and `::`: a connection to one reaches this
-  machine), link-local (169.254.0.0/16, where clouds serve instance metadata and credentials at
-  169.254.169.254; `fe80::/10`) and the gateway's own addresses (`own_addresses`: it would send
-  requests to itself). Tests and one-machine setups whose engines listen on loopback allow them;
-- multicast addresses are always dropped: no TCP connection can reach one;
-- at most `max_engines` addresses are kept: each engine costs a connection pool, a health probe
-  and fair-queue slots, so an answer of thousands of records must not become thousands of
-  engines. The kept ones are the lowest (IPv4 first, numeric order), so every gateway replica
-  keeps the same ones from the same answer, whatever order the records came in.
-
-An IPv4-mapped IPv6 address (`::ffff:127.0.0.1`) is judged as the IPv4 address it reaches.
+Whoever answers the name decides where tenants' prompts go, so:
+- loopback, unspecified, link-local (cloud metadata at 169.254.169.254) and the gateway's
+  own addresses are dropped unless `allow_local`; multicast always is;
+- at most `max_engines` are kept (each engine costs a pool, a probe and queue slots): the
+  lowest, IPv4 first, so every replica keeps the same ones from the same answer;
+- an IPv4-mapped IPv6 address is judged as the IPv4 address it reaches.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Which vLLM engine a request goes to, over the engines behind one gateway.
+"""Which vLLM engine a request goes to, over the engines behind one gateway (docs/scale-out.md,
+routing over engines).
 
     router = Router(engines, policy="affinity", overload=8)
     engine = router.choose(prefix_hashes)          # None: no engine in rotation (503 at once)
@@ -8,35 +9,16 @@
     router.add(engine); router.drain(engine)       # engine discovery (`discovery`)
     router.on_rotation(callback)                   # callback(engines in rotation) on change
 
-Rotation: an engine is in it while its last `/health` probe passed (or timed out, fewer than
-`TIMEOUTS_TO_LEAVE` times in a row: a busy vLLM answers slowly) and no connection to it has
-failed since. A failed connect, or a probe answered with an error or refused, takes it out at
-once (the next passing probe puts it back, its prefix memory dropped: a restarted engine's
-cache is empty); with none in rotation a request gets 503 at once instead of waiting out a
-connect timeout.
-
-Policies (`GatewaySettings.routing`):
-- `least-loaded`: the engine with the fewest requests in flight from this gateway; ties go
-  round the engines in turn.
-- `round-robin`: the engines in turn (a baseline for the affinity benchmark).
-- `affinity`: the engine that served the longest prefix of this prompt (`prefix_affinity`),
-  so a conversation stays on the engine whose prefix cache holds it, unless that engine has
-  `overload` more requests in flight than the least-loaded one (then least-loaded: a hot
-  conversation or a shared system prompt must not pile everything on one engine). Requests
-  with nothing to key on are least-loaded.
-
-Membership: the engines are fixed (`--upstream` lists them) or discovered (`discovery`): an
-added engine joins the rotation once a health probe passes; a drained one leaves the rotation
-at once (no new request goes to it) while the requests it is serving finish, and its
-connections close when the last one has (`reap`). With no engine at all, 503 at once.
-
-The number of engines in the rotation is what the fair queue's slots follow
-(`Fleet.size_queue`): `on_rotation`'s callback hears it whenever it changes.
-
-Each gateway replica keeps its own load counts and prefix table, so routing costs no network
-call. Replicas learn a conversation's engine from the turns they see: when a load balancer
-spreads one conversation's turns over several replicas, a turn can land on another engine
-(a prefix-cache miss, never a wrong answer).
+Rules:
+- an engine is in the rotation while its last `/health` probe passed (or timed out fewer
+  than `TIMEOUTS_TO_LEAVE` times in a row: a busy vLLM answers slowly) and no connect to it
+  failed since; back in, its prefix memory is dropped (a restarted engine's cache is empty);
+- policies: `least-loaded` (ties in turn), `round-robin`, `affinity` (the engine that served
+  the longest prefix, unless it has `overload` more in flight than the least-loaded one);
+- a drained engine leaves the rotation at once and its connections close when its last
+  request has (`reap`);
+- `on_rotation` reports the rotation's size, which the fair queue's slots follow;
+- load counts and the prefix table are per replica: routing costs no network call.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """`UsageRecorder`: every settled request's tokens, written to the deployment's ledger in the
-background, in numbered batches that are applied exactly once.
+background, in numbered batches that are applied exactly once (docs/usage-reports.md, where
+it is kept; what a crash may lose).
 
     recorder = UsageRecorder(SqliteUsageStore(path, retention_days=400))
     recorder.record(record)      # on the event loop, where the request's metrics are observed
@@ -7,26 +8,14 @@ background, in numbered batches that are applied exactly once.
     rows = await recorder.read("2026-03-01", "2026-03-31", None)
     await recorder.close()       # at shutdown: writes what is left, then closes the store
 
-How it is written. `record` only adds to a tally (`tally`). The first record after a quiet
-spell starts a writer task on the loop, which every `FLUSH_INTERVAL_S` takes what the tally
-holds, numbers it (a batch) and hands it to the store; the task ends when a round finds
-nothing to write. Under load that is one store write per interval whatever the request
-rate, and without traffic nothing runs at all. (The budget journal, `quota.journal`, queues
-each charge for its writer thread to add up; a report needs days, not requests, so here the
-loop adds up itself and only one batch per interval leaves it.)
-
-Exactly once. A batch carries this recorder's id (random, one per process) and its number,
-and the store applies it together with a mark "this writer's batch N is in", in one
-transaction (SQLite) or one script (Redis), unless the mark says it is in already. A write
-that failed is retried with the same batch and number after a back-off (doubling up to
-`RETRY_MAX_S`), so a write whose answer was lost after it took effect (a COMMIT that
-reported an error, a Redis reply that timed out) is not applied twice. Requests that end
-meanwhile go into the next batch. Failures are logged and counted (`failures`).
-
-What a crash loses. A SIGKILL loses what the tally held and the batch being written: at
-most the last `FLUSH_INTERVAL_S` of usage and one write, or, while the store was failing,
-everything since it last answered. Shutdown (`close`) writes what is left, retrying until
-its deadline, and logs the rows it could not write.
+Rules:
+- `record` only adds to a tally; a writer task, started by the first record after a quiet
+  spell and ended by a round with nothing to write, hands the tally to the store every
+  `FLUSH_INTERVAL_S` as one numbered batch;
+- the store applies a batch with a mark "this writer's batch N is in", atomically, unless
+  the mark is there already; a failed write is retried with the same batch and number
+  (back-off doubling up to `RETRY_MAX_S`), so it is never applied twice;
+- `close` writes what is left, retrying until its deadline, and logs what it could not.
 """
 
 from __future__ import annotations

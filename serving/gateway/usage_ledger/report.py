@@ -1,34 +1,18 @@
-"""A usage report: what it asks for, its one JSON shape, and that JSON as CSV or a table.
+"""A usage report: what it asks for, its one JSON shape, and that JSON as CSV or a table
+(docs/usage-reports.md has the shape and the CSV rules).
 
     query = report_query("2026-03-01", "2026-03-31", None)   # ReportQueryError names a param
     query = report_query(None, None, None)         # this UTC month, from its first day to today
     report = build_report(query, rows, name_of)    # what GET /admin/v1/usage answers
     text = render(report, "table")                 # `serving usage report`: table, csv, json
 
-The JSON, built here alone, so the endpoint and `serving usage report --format json` give
-the same document:
-
-    {"object": "usage_report", "from": "2026-03-01", "to": "2026-03-31", "key_id": null,
-     "rows": [{"day": "2026-03-01", "key_id": "key_5e01c9a7", "key_name": "team-a",
-               "model": "qwen3-tiny", "prompt_tokens": 120, "completion_tokens": 48,
-               "total_tokens": 168}, ...],
-     "keys": [{"key_id": "key_5e01c9a7", "key_name": "team-a", "prompt_tokens": 120,
-               "completion_tokens": 48, "total_tokens": 168,
-               "models": [{"model": "qwen3-tiny", "prompt_tokens": 120, ...}, ...]}, ...],
-     "total": {"prompt_tokens": 120, "completion_tokens": 48, "total_tokens": 168}}
-
-Rows are sorted by day, key id and model, keys by key id. `key_name` is null for a key no
-key store holds (a development key, a deleted one). `model` is the gateway's metrics label:
-the model or adapter name the engines serve, `other` for anything else. CSV holds the rows
-alone, a header first, for a spreadsheet to add up; the table adds totals per key and in all.
-
-A key's name is whatever its creator typed, and a spreadsheet runs a cell that starts like a
-formula (CSV injection). So the CSV does what OWASP advises for every text cell: it is quoted,
-so that a separator or line break inside it (`;` is the separator in some locales, a bare CR
-a line break) cannot start a new cell there, and one starting with one of FORMULA_TRIGGERS
-gets a leading `'`, which spreadsheets read as "this is text". Only text cells: the token
-counts are written bare, as the numbers they are, a negative one too. The JSON is data for
-programs and the table text for a terminal, neither opened as cells: both keep names as is.
+Rules:
+- the JSON is built here alone, so the endpoint and `--format json` give the same document;
+- rows sort by day, key id and model, keys by key id; `key_name` is null for a key no store
+  holds; `model` is the metrics label (`other` for anything the engines do not serve);
+- CSV (rows only, header first): every text cell is quoted and one starting with a
+  FORMULA_TRIGGERS character gets a leading `'` (CSV injection); numbers stay bare; JSON and
+  the table keep names as they are.
 """
 
 from __future__ import annotations

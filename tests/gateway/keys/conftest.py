@@ -2,6 +2,7 @@
 each work under a namespace of their own; a server of its own for a test that stops it.
 
     store = redis_keys(redis_server.url)        # a fresh namespace, closed after the test
+    store.create(...); store.store                # blocking calls; the async store inside
 """
 
 from __future__ import annotations
@@ -13,10 +14,10 @@ from pathlib import Path
 import pytest
 from redis import Redis
 
-from serving.gateway.keys.redis_store import DEFAULT_NAMESPACE, RedisKeyStore
+from serving.gateway.keys.redis_store import DEFAULT_NAMESPACE, BlockingRedisKeyStore
 from tests.gateway.quota.redis_server import RedisServer
 
-StoreFactory = Callable[..., RedisKeyStore]
+StoreFactory = Callable[..., BlockingRedisKeyStore]
 
 
 @pytest.fixture(scope="session")
@@ -38,13 +39,15 @@ def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
 
 @pytest.fixture
 def redis_keys() -> Iterator[StoreFactory]:
-    """`redis_keys(url, namespace=None, **options)`: a store over its own client; stores
-    made in one test share a fresh namespace unless told otherwise."""
+    """`redis_keys(url, namespace=None, **options)`: a store over its own client, its calls
+    blocking; stores made in one test share a fresh namespace unless told otherwise. Its
+    `store` (the `RedisKeyStore`) may serve a loop of the test's own instead, which then
+    closes it (`aclose`, or `RedisKeyRefresh.stop`)."""
     namespace = f"test-{uuid.uuid4().hex}:keys"
-    made: list[RedisKeyStore] = []
+    made: list[BlockingRedisKeyStore] = []
 
-    def make(url: str, *, namespace: str = namespace, **options: float) -> RedisKeyStore:
-        store = RedisKeyStore.from_url(url, namespace=namespace, **options)
+    def make(url: str, *, namespace: str = namespace, **options: float) -> BlockingRedisKeyStore:
+        store = BlockingRedisKeyStore.from_url(url, namespace=namespace, **options)
         made.append(store)
         return store
 

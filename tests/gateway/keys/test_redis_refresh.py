@@ -26,13 +26,13 @@ def test_rounds_in_the_background_pick_up_a_new_key(
     redis_keys: StoreFactory, redis_server: RedisServer
 ) -> None:
     cli = redis_keys(redis_server.url)
-    refresh = RedisKeyRefresh(redis_keys(redis_server.url), interval_s=0.05)
+    refresh = RedisKeyRefresh(redis_keys(redis_server.url).store, interval_s=0.05)
 
     async def scenario() -> bool:
         await refresh.load()
         refresh.start()
         try:
-            _, secret = cli.create(KeySpec("team-a"))
+            _, secret = await cli.store.create(KeySpec("team-a"))
             deadline = time.monotonic() + DEADLINE_S
             while refresh.store.authenticate(secret) is None:
                 if time.monotonic() > deadline:
@@ -41,6 +41,7 @@ def test_rounds_in_the_background_pick_up_a_new_key(
             return True
         finally:
             await refresh.stop()
+            await cli.store.aclose()  # its connection is this loop's
 
     assert asyncio.run(scenario())
 
@@ -49,7 +50,7 @@ def test_a_black_holed_redis_keeps_the_snapshot_and_is_logged_once(
     redis_keys: StoreFactory, own_redis: RedisServer, caplog: pytest.LogCaptureFixture
 ) -> None:
     record, secret = redis_keys(own_redis.url).create(KeySpec("team-a"))
-    refresh = RedisKeyRefresh(redis_keys(own_redis.url, timeout_s=TIMEOUT_S))
+    refresh = RedisKeyRefresh(redis_keys(own_redis.url, timeout_s=TIMEOUT_S).store)
     password = str(urlsplit(own_redis.url).password)
 
     async def scenario() -> None:
@@ -64,6 +65,7 @@ def test_a_black_holed_redis_keeps_the_snapshot_and_is_logged_once(
         finally:
             own_redis.resume()
         await refresh.refresh()
+        await refresh.stop()
 
     with caplog.at_level(logging.INFO, logger="serving.gateway.keys"):
         asyncio.run(scenario())
@@ -82,7 +84,8 @@ def test_the_first_load_fails_with_a_message_naming_redis_and_not_the_password()
     with pytest.raises(KeyStoreUnavailable) as raised:
         asyncio.run(refresh.load())
     assert str(raised.value).startswith(
-        f"cannot load the API keys: Redis at 127.0.0.1:{port}/0 is unavailable (ConnectionError"
+        f"cannot load the API keys: Redis at 127.0.0.1:{port}/0 is unavailable "
+        "(RedisConnectError: cannot connect to Redis (ConnectionRefusedError))"
     )
     assert "hunter2" not in str(raised.value)
-    refresh.store.close()
+    asyncio.run(refresh.stop())

@@ -31,7 +31,7 @@ from serving.errors import ServingError
 from serving.gateway.keys import sqlite_store
 from serving.gateway.keys.credentials import hash_secret
 from serving.gateway.keys.record import KeyRecord, KeySpec
-from serving.gateway.keys.redis_store import RedisKeyStore
+from serving.gateway.keys.redis_store import BlockingRedisKeyStore
 from serving.gateway.keys.sqlite_store import SqliteKeyStore
 from serving.gateway.keys.store import KeyStore, WritableKeyStore
 from serving.gateway.quota import Limits
@@ -165,8 +165,10 @@ def test_the_redis_store(redis_server: RedisServer) -> None:
     class OverRedis(KeyStoreMachine):
         def open_stores(self) -> tuple[WritableKeyStore, KeyStore]:
             namespace = f"machine-{uuid.uuid4().hex}"
-            self.reader_store = RedisKeyStore.from_url(redis_server.url, namespace=namespace)
-            writer = RedisKeyStore.from_url(redis_server.url, namespace=namespace)
+            self.reader_store = BlockingRedisKeyStore.from_url(
+                redis_server.url, namespace=namespace
+            )
+            writer = BlockingRedisKeyStore.from_url(redis_server.url, namespace=namespace)
             writer.refresh()
             return writer, self.reader_store
 

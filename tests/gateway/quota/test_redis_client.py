@@ -1,7 +1,8 @@
-"""The quota store's Redis client against a real redis-server: replies matched first in,
+"""The gateway's Redis client against a real redis-server: replies matched first in,
 first out also when one is dropped (a timed-out or cancelled call's late reply), every call
 bounded, a lost connection failing what waited and the next call opening a new one, a
-stalled one given up on, hello (AUTH, SELECT) on unix sockets and TLS, NOSCRIPT reloads.
+stalled one given up on, hello (AUTH, SELECT) on unix sockets and TLS, NOSCRIPT reloads,
+transactions whole among other callers' commands; and the only Redis client in `serving/`.
 
 Times are bounded, not measured: a call must end well before the bound a busy machine could
 stretch, never be waited out.
@@ -9,7 +10,9 @@ stretch, never be waited out.
 
 from __future__ import annotations
 
+import ast
 import asyncio
+import ssl
 import time
 from collections.abc import Awaitable
 from pathlib import Path
@@ -194,6 +197,45 @@ async def test_scripts_run_by_sha_and_are_sent_in_full_once_redis_forgot_them(
         await client.close()
 
 
+@run_async
+async def test_a_transaction_runs_whole_among_other_callers_commands(
+    redis_server: RedisServer,
+) -> None:
+    client = RedisClient.from_url(redis_server.url, timeout_s=DEADLINE_S)
+    key = "counter-" + str(time.monotonic_ns())
+    try:
+        # The first call opens the connection; the plain INCRs race the transactions on it.
+        calls = [client.transaction(("INCR", key), ("INCR", key)) for _ in range(50)]
+        calls += [client.call("INCR", key) for _ in range(50)]
+        replies = await asyncio.gather(*calls)
+        pairs = replies[:50]
+        assert all(second == first + 1 for first, second in pairs)  # nothing came between
+        assert sorted([n for pair in pairs for n in pair] + replies[50:]) == list(range(1, 151))
+        assert await client.transaction() == []
+    finally:
+        await client.close()
+
+
+@run_async
+async def test_a_transactions_error_replies_are_raised(redis_server: RedisServer) -> None:
+    client = RedisClient.from_url(redis_server.url, timeout_s=DEADLINE_S)
+    key = "tx-" + str(time.monotonic_ns())
+    try:
+        # Failed as it ran: raised, and the command before it ran all the same.
+        with pytest.raises(RedisReplyError, match="WRONGTYPE"):
+            await client.transaction(("SET", key, "x"), ("HSET", key, "f", "v"))
+        assert await client.call("GET", key) == "x"
+        # Refused as it was queued: raised, and nothing ran (EXECABORT).
+        with pytest.raises(RedisReplyError, match="wrong number of arguments"):
+            await client.transaction(("SET", key, "y"), ("GET",))
+        assert await client.call("GET", key) == "x"
+        assert await client.call("ECHO", "still in step") == "still in step"
+    finally:
+        await client.close()
+    with pytest.raises(RedisConnectionError, match="closed"):
+        await client.transaction(("PING",))
+
+
 @pytest.mark.redis
 @run_async
 async def test_hello_authenticates_and_selects_the_database_on_tcp_and_unix_sockets(
@@ -227,6 +269,11 @@ async def test_rediss_speaks_tls_and_checks_the_servers_certificate(tmp_path: Pa
         trusted = RedisClient.from_url(f"{server.tls_url}?ssl_ca_certs={tls.cert}", timeout_s=5)
         assert await trusted.call("PING") == "PONG"
         await trusted.close()
+        with_cert = f"{server.tls_url}?ssl_ca_certs={tls.cert}"
+        with_cert += f"&ssl_certfile={tls.cert}&ssl_keyfile={tls.key}"  # a client certificate
+        presenting = RedisClient.from_url(with_cert, timeout_s=5)
+        assert await presenting.transaction(("SET", "tls", "1"), ("GET", "tls")) == ["OK", "1"]
+        await presenting.close()
         unverified = RedisClient.from_url(f"{server.tls_url}?ssl_cert_reqs=none", timeout_s=5)
         assert await unverified.call("PING") == "PONG"
         await unverified.close()
@@ -261,6 +308,40 @@ def test_urls_are_read_as_redis_py_reads_them() -> None:
     assert (unix.unix_path, unix.db, unix.password) == ("/run/redis/redis.sock", 2, "pw")
     secure = parse_url("rediss://redis:6380/0?ssl_cert_reqs=none")
     assert secure.tls is not None and not secure.tls.check_hostname
+    by_name = parse_url("rediss://redis:6380/0")
+    assert by_name.tls is not None and by_name.tls.check_hostname
+    assert by_name.tls.verify_mode == ssl.CERT_REQUIRED
+    any_name = parse_url("rediss://redis:6380/0?ssl_check_hostname=false")
+    assert any_name.tls is not None and not any_name.tls.check_hostname
+    assert any_name.tls.verify_mode == ssl.CERT_REQUIRED  # the chain is still checked
+    # redis-py's socket and pool options mean nothing here, and are no error
+    assert parse_url("redis://redis/2?socket_timeout=5&max_connections=10").db == 2
+
+
+def test_a_client_certificate_is_read_from_the_urls_files(tmp_path: Path) -> None:
+    tls = TlsFiles.make(tmp_path / "tls")
+    endpoint = parse_url(f"rediss://:pw@redis/0?ssl_certfile={tls.cert}&ssl_keyfile={tls.key}")
+    assert endpoint.tls is not None
+    for query in (f"ssl_certfile={tmp_path}/none.pem", f"ssl_ca_certs={tmp_path}/none.pem"):
+        with pytest.raises(ValueError, match="cannot read the TLS files") as error:
+            parse_url(f"rediss://:pw@redis/0?{query}")
+        assert "pw" not in str(error.value)
+
+
+def test_serving_imports_no_other_redis_client() -> None:
+    """One stack: redis-py is the tests' admin client only."""
+    root = Path(__file__).resolve().parents[3] / "serving"
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names: list[str] = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            if any(name.split(".")[0] == "redis" for name in names):
+                found.append(f"{path}:{getattr(node, 'lineno', '?')}")
+    assert found == []
 
 
 @pytest.mark.parametrize(

@@ -44,6 +44,7 @@ from tests.integration.scale_out import (
     leases_in_redis,
     quota_usage,
     start_gateway,
+    terminate_all,
     wait_up,
 )
 
@@ -93,7 +94,7 @@ def churn(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Churn]:
             wait_up(replica)
         yield Churn(redis_server, upstream, keys, replicas)
     finally:
-        codes = [replica.terminate() for replica in replicas]
+        codes = terminate_all(replicas)
         upstream.stop()
         redis_server.stop()
         keys.close()
