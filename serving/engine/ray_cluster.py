@@ -1,9 +1,5 @@
-"""A Ray node as a child process: the cluster's head beside vLLM, or a node that joins one.
-
-vLLM's Ray executor (a profile's `distributed_executor_backend: ray`) joins the cluster that
-`RAY_ADDRESS` names and places its workers on any node of it; more machines join with
-`ray start --address HEAD:PORT`. On the head machine `serving engine --ray-head` starts the
-head itself, and vLLM with `RAY_ADDRESS` pointing at it:
+"""A Ray node as a child process: the cluster's head beside vLLM, or a node that joins one
+(docs/multi-node.md).
 
     node = RayNode(port=6379)                   # head; RayNode(address="10.0.0.5:6379") joins
     head = RayNodeProcess(node, log_path=...)
@@ -11,13 +7,12 @@ head itself, and vLLM with `RAY_ADDRESS` pointing at it:
     ...
     head.stop()
 
-`ray start --block` stays in the foreground and ends its node's processes (GCS, raylet,
-agents) when it gets SIGTERM; Ray's own daemons ignore SIGTERM sent to them, so the node runs
-in its own process group and whatever is left after the grace period is killed by group.
-Never `ray stop`: it ends every Ray process of the machine by name, other users' included.
-
-`port_block` moves every port a node listens on into one range of PORT_BLOCK_SIZE ports
-(tests run several clusters on one machine); without it Ray picks its usual ports.
+Rules:
+- the node runs `ray start --block` in its own process group: Ray's daemons ignore SIGTERM,
+  so what is left after the grace period is killed by group;
+- never `ray stop`: it ends every Ray process of the machine by name, other users' included;
+- `port_block` moves every port a node listens on into one range of PORT_BLOCK_SIZE ports
+  (tests run several clusters on one machine).
 """
 
 from __future__ import annotations

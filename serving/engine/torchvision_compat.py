@@ -1,24 +1,17 @@
-"""Make PyPI's CUDA torchvision importable on the CPU torch that vLLM's CPU build pins.
+"""Make PyPI's CUDA torchvision importable on the CPU torch that vLLM's CPU build pins (the why:
+docs/images.md, why `.venv` carries a `.pth` file).
 
-Why: every Qwen VL model in vLLM imports transformers' Qwen2-VL image processing, which
-imports torchvision; so do transformers' model classes (`modeling_utils` -> `image_utils`)
-and vLLM's API server module, whenever torchvision is installed. The only torchvision
-wheels pip finds for `torch==2.13.0+cpu` are CUDA builds: their C library needs
-`libc10_cuda.so` and does not load, which torchvision tolerates for every op but two:
-`_meta_registrations.py` registers fake kernels for `torchvision::nms` and `torchvision::qnms`
-unconditionally, and torch refuses a fake kernel for an op nobody defined
-(`RuntimeError: operator torchvision::nms does not exist`).
+    install()   # from the venv's .pth file, in every interpreter
 
-The fix: define those two schemas (no kernels) before torchvision's first import, and only
-when torchvision's C library does not load. Image preprocessing needs neither op; calling
-one says plainly that it has no CPU kernel.
-
-Where: `install()` puts a finder on `sys.meta_path` that acts when `torchvision` is first
-imported (it costs nothing until then, not even a torch import). `make venv` writes a `.pth`
-file that calls it in every interpreter of the venv: vLLM's API server imports torchvision
-while importing its own modules, before vLLM loads any plugin, so no later hook would do.
-Its test fails once a torchvision arrives that imports without it: then delete this module
-and the `.pth` line in the Makefile.
+Rules:
+- when torchvision's C library does not load, the schemas of `torchvision::nms` and
+  `torchvision::qnms` (no kernels) are defined before its first import, so its fake-kernel
+  registrations do not fail; image preprocessing uses neither op;
+- `install()` puts a finder on `sys.meta_path` that costs nothing (not even a torch import)
+  until `torchvision` is first imported; it must run before vLLM imports its API server, so
+  only a `.pth` file (`make venv`) is early enough;
+- its test fails once a torchvision imports without it: then delete this module and the
+  Makefile's `.pth` line.
 """
 
 from __future__ import annotations

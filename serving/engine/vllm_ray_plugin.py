@@ -1,21 +1,15 @@
-"""A vLLM plugin: run vLLM's CPU engine with Ray as the executor (one model across nodes).
+"""A vLLM plugin: run vLLM's CPU engine with Ray as the executor (one model across nodes;
+docs/multi-node.md). vLLM 0.32's CPU platform refuses Ray (`current platform cpu does not
+support ray`).
 
-vLLM 0.32's CPU platform has no Ray device key, so a profile whose
-`distributed_executor_backend` is `ray` stops at once: `current platform cpu does not support
-ray`. Three changes make its Ray executor
-(`RayExecutorV2`, vLLM's default Ray executor) work on CPUs, each applied only where vLLM
-still refuses (the CPU platform, its `ray_device_key` empty), so a vLLM that supports Ray on
-CPUs by itself is left alone:
-
-- the CPU platform's `ray_device_key` becomes `CPU`: the executor's placement group then
-  reserves one Ray CPU per worker, so a worker lands on each node that offers one;
-- the executor asks Ray for no GPU and no custom resource per worker actor (Ray refuses `CPU`
-  as a custom resource, and the bundle already holds the worker's CPU);
+Rules (each applied only where vLLM still refuses: the CPU platform, its `ray_device_key`
+empty; a vLLM that supports Ray on CPUs is left alone):
+- the CPU platform's `ray_device_key` becomes `CPU`, so the placement group reserves one Ray
+  CPU per worker and a worker lands on each node that offers one;
+- the executor (`RayExecutorV2`) asks Ray for no GPU and no custom resource per worker;
 - its worker reports no GPU ids (`ray_cpu_worker.CpuRayWorkerProc`).
-
-Loaded by vLLM in each of its processes through the `vllm.general_plugins` entry point; the
-engine core process is the one that builds the executor. A test fails once vLLM accepts Ray
-on CPUs itself, so this module can be deleted then.
+Loaded in each vLLM process through the `vllm.general_plugins` entry point. A test fails once
+vLLM accepts Ray on CPUs itself: then delete this module.
 """
 
 from __future__ import annotations

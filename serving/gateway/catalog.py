@@ -8,13 +8,11 @@
     catalog.base_model("team-a-lora")         # vLLM's `parent`: "qwen3-tiny"
     catalog.listing(caller.allows_model)      # /v1/models for one key
 
-Each engine's own `/v1/models` is kept apart, because adapters need not be on every engine
-(one loaded at run time reaches an engine that starts later only when the gateway loads it
-there): requests for a model go to the engines that list it (`routing.Router.choose`). A
-model no engine lists goes to any engine, which answers as vLLM does (404).
-
-The context window caps an implied max_tokens; the label keeps the `model` metric label
-bounded, since a client could otherwise fill it with arbitrary names.
+Rules:
+- each engine's `/v1/models` is kept apart (a runtime adapter need not be on every engine):
+  a model goes to the engines that list it, one no engine lists to any engine (vLLM's 404);
+- the context window caps an implied max_tokens; `label` keeps the `model` metric label
+  bounded against clients sending arbitrary names.
 """
 
 from __future__ import annotations

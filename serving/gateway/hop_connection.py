@@ -1,33 +1,21 @@
-"""One keep-alive HTTP/1.1 connection to the upstream: an asyncio Protocol parsed by httptools.
+"""One keep-alive HTTP/1.1 connection to the upstream: an asyncio Protocol parsed by httptools
+(`hop_pool` opens, pools and retries these; docs/architecture.md, the request path).
 
     response = await connection.exchange(request_bytes, head=False)   # headers are in
     while chunk := await response.read(): ...                          # b"" at the end
     response.close()                     # reusable when read to its end, else closed
 
-The rules (`hop_pool` opens, pools and retries these):
-- One exchange at a time. `exchange` writes the whole request and returns once the response
-  headers are in; the body is then read with `read`, which returns everything that arrived
-  since the last call, joined (b"" once the response is complete).
-- Backpressure: more than `HIGH_WATER` unread body bytes pause reading from the socket until
-  the reader takes them, so a slow client slows the upstream, not our memory.
-- Idle timeout: one loop timer per connection, armed at the first exchange and re-armed only
-  when it fires (at the last activity plus the timeout), never per chunk. Silence from the
-  upstream (before the headers or between chunks) longer than the timeout fails the response
-  with `HopTimeoutError`; time spent paused for a slow reader does not count.
-- `close()` of a response read to its end, on a connection the upstream keeps alive, hands
-  the connection back (`on_done`); any other end (an error, a cancelled or unfinished read)
-  closes the socket, so the upstream sees the client go and vLLM aborts the request.
-- A body without a length ends when the upstream closes the connection; any other close
-  before the response is complete is an error.
-
-Errors (each a `HopError`; `errors.map_upstream_exception` turns them into gateway errors):
-
-    HopError
-    ├── HopConnectError       no connection: refused, unresolvable, connect timeout (503)
-    ├── HopTimeoutError       the upstream was silent too long (also a TimeoutError; 504)
-    ├── HopDisconnectedError  closed before the response headers (a ConnectionError; 502)
-    ├── HopPayloadError       the body was cut off or malformed after the headers (502)
-    └── HopProtocolError      the response is not HTTP/1.1 (502)
+Rules:
+- one exchange at a time; `read` returns everything that arrived since the last call, joined;
+- more than `HIGH_WATER` unread body bytes pause the socket: a slow client slows the
+  upstream, not our memory;
+- upstream silence (before the headers or between chunks) longer than the idle timeout fails
+  the response with `HopTimeoutError`; time paused for a slow reader does not count; one loop
+  timer per connection, re-armed only when it fires, never per chunk;
+- `close()` hands the connection back only after a response read to its end on a kept-alive
+  connection; any other end closes the socket, so vLLM aborts the request;
+- a body without a length ends when the upstream closes; any other early close is an error;
+- every failure is a `HopError` subclass; `errors.map_upstream_exception` maps them.
 """
 
 from __future__ import annotations

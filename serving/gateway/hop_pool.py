@@ -9,25 +9,18 @@
         response.close()       # back to the pool when read to its end, else closed
     await pool.close()
 
-Not aiohttp: this hop needs far less than a general client (one upstream, bytes passed
-through, no cookies, redirects, decompression or default headers), so the request path runs
-on `hop_connection`'s Protocol and httptools' C parser, at less CPU per request
-(docs/architecture.md, performance targets).
+Not aiohttp: one upstream, bytes passed through, no cookies, redirects, decompression or
+default headers, on `hop_connection` and httptools (docs/architecture.md, performance targets).
 
-The rules:
-- Requests carry exactly the given header lines plus `host` and `content-length`; the
-  response is never decompressed or followed.
-- Idle connections are reused newest first, for at most `keepalive_s` after their last
-  response (keep it below the upstream's own keep-alive, 5 s for vLLM); one pool timer
-  closes those that expired, there is no per-request timer for it.
-- A connection older than `max_age_s` (0: no limit) is closed when its response ends instead
-  of going back to the pool: behind a Kubernetes Service, new connections go only to ready
-  engine pods, so a terminating one stops getting requests even under steady load.
-- A request on a reused connection that fails before a byte of the response arrived (the
-  upstream closed it while it was idle) is sent again, once, on a new connection.
-- Opening a connection takes at most `connect_timeout_s` (then `HopConnectError`).
-- `max_connections` > 0 caps the connections in use; further requests wait for one.
-- Cancelling `request` closes the connection it was using.
+Rules:
+- requests carry exactly the given header lines plus `host` and `content-length`;
+- idle connections are reused newest first, for at most `keepalive_s` (below vLLM's own 5 s),
+  closed by one pool timer; one older than `max_age_s` (0: no limit) is closed when its
+  response ends, so behind a Kubernetes Service a terminating pod stops getting requests;
+- a request on a reused connection that fails before a byte of the response is sent again,
+  once, on a new connection;
+- connecting takes at most `connect_timeout_s` (`HopConnectError`); `max_connections` > 0
+  caps the connections in use (others wait); cancelling `request` closes its connection.
 """
 
 from __future__ import annotations

@@ -1,21 +1,19 @@
-"""Images in chat requests: what one costs in prompt tokens, read from its header.
+"""Images in chat requests: what one costs in prompt tokens, read from its header
+(docs/images.md).
 
     policy = ImagePolicy.from_settings(settings)
     header = read_data_url("data:image/png;base64,iVBORw0...")   # ImageHeader("png", w, h)
     tokens = policy.image_tokens(header.width, header.height)    # Qwen2-VL / Qwen2.5-VL rule
 
-An image's prompt tokens depend on its pixel size alone, never on its file size: the vision
-encoder resizes it (`resized`, transformers' `smart_resize`: each side a multiple of
-patch x merge, the area within [min_pixels, max_pixels]) and each merge x merge block of
-patches is one token, the very count vLLM's Qwen2-VL processor puts in the prompt. The size
-is read from the image header (PNG, JPEG, GIF, WEBP) the way Pillow, which vLLM opens images
-with, reads it, so the estimate never falls below what vLLM counts; only the base64 of the
-header is decoded, in windows (`Base64Reader`), however large the image.
-
-Only `data:` URLs are accepted: the gateway must know an image's size before it reserves
-tokens, and the engine fetching http(s) or file URLs would let any key make requests from
-inside the cluster (SSRF). Media other than images (audio, video, embeddings) and references
-to earlier images by `uuid` alone are refused for the same reason: their cost is unknown here.
+Rules:
+- an image's tokens depend on its pixel size alone: resized as the vision encoder does
+  (`resized`, transformers' `smart_resize`), one token per merge x merge block of patches,
+  the count vLLM's Qwen2-VL processor puts in the prompt;
+- the size is read from the header (PNG, JPEG, GIF, WEBP) as Pillow reads it, decoding only
+  the header's base64, in windows (`Base64Reader`), however large the image;
+- only `data:` URLs: the size must be known before tokens are reserved, and an engine
+  fetching URLs would let any key make requests from inside the cluster (SSRF); other media
+  and references by `uuid` alone are refused, their cost being unknown here.
 """
 
 from __future__ import annotations

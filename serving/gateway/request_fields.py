@@ -1,24 +1,18 @@
-"""What the gateway does with each field vLLM 0.32 reads from a metered body.
+"""What the gateway does with each field vLLM 0.32 reads from a metered body (docs/gateway.md,
+what a request reserves).
 
     check_fields("chat", data)     # or InvalidRequestError naming the field
 
-vLLM's request models (`ChatCompletionRequest`, `CompletionRequest`, `ResponsesRequest`)
-ignore fields they do not declare, so only their declared fields can change what the engine
-does. Each of those is classified here, per route:
-
-- counted: the prompt estimate includes it (`openai_request`, `responses_request`): the
-  messages or input, and whatever the chat template renders besides them (tools, documents,
-  chat_template_kwargs, response_format, tool_choice, instructions, ...);
-- free: it changes sampling or the answer's shape, never the prompt nor how many tokens can
-  be generated beyond max_tokens x choices;
-- refused unless absent or at its harmless default, with a 400 naming it: fields whose cost
-  the gateway cannot bound (a request's own chat template, processor arguments that change an
-  image's token count, a stored conversation), that hand the engine's own controls to a
-  client (priority, KV transfer), or that break the charging of aborted streams (deltas
-  merged by the client's `stream_interval`).
-
-tests/gateway/test_request_fields.py holds this table against the installed vLLM's models:
-a field vLLM adds is unclassified until someone decides about it here.
+vLLM ignores fields its request models do not declare, so each declared field is classified
+here, per route:
+- counted: the prompt estimate includes it (`openai_request`, `responses_request`);
+- free: it changes sampling or the answer's shape, never the prompt nor the tokens beyond
+  max_tokens x choices;
+- refused with a 400 naming it unless absent or at its harmless default: its cost cannot be
+  bounded, it hands the engine's controls to a client, or it breaks the charging of aborted
+  streams (each reason is written next to its fields).
+tests/gateway/test_request_fields.py holds the table against the installed vLLM: a field vLLM
+adds is unclassified until someone decides about it here.
 """
 
 from __future__ import annotations

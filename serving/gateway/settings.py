@@ -1,25 +1,19 @@
 """The gateway's settings: one pydantic-settings model, the one place their names, defaults,
-help texts and checks are written.
+help texts and checks are written (docs/gateway.md, settings).
 
     settings = GatewaySettings.create(upstream="http://127.0.0.1:8001", api_keys=["sk-dev"])
-    settings = GatewaySettings.create(upstream=..., api_keys=[], keys_db="/var/serving/keys.db")
     settings = GatewaySettings.from_env()            # SERVING_GATEWAY_<FIELD>, SERVING_API_KEY
     settings = GatewaySettings.load(cli_source(parser)(parsed_args=args))   # + flags
 
-Every field is a setting: the flag `--<field-name>` (kebab-case; a spelling callers already
-used is kept as a `FlagAlias` in the field's metadata) and the variable `SERVING_GATEWAY_<FIELD>`
-are generated from it, its docstring is its help text and its default is written only here
-(`serving gateway --help` lists them). A flag beats the environment, which beats the default.
-
-Keys come from a key store (`keys_db`, `keys_file`: limits, revocation) and/or development keys
-(no limits, public id `dev`): `--api-key`, else `SERVING_API_KEY` (comma-separated). Those are
-hashed as they are read (`keys.credentials.hash_secret`) and only the digests are kept, out of
-the repr. Loaded settings (`load`, `from_env`) open `serving.paths.keys_db_path()` when neither
-`keys_db` nor `keys_file` is set; `create` reads nothing from the environment and defaults
-nothing: what it is given is what it builds.
-
-Every validation failure is a `ServingError` naming the field, the bad value, its flag and its
-variable.
+Rules:
+- each field is the flag `--<field-name>` (older spellings kept as `FlagAlias`) and the
+  variable `SERVING_GATEWAY_<FIELD>`; its docstring is its help; a flag beats the
+  environment, which beats the default;
+- development keys are hashed as they are read and only the digests are kept, out of the repr;
+- `load` and `from_env` open `serving.paths.keys_db_path()` when neither `keys_db` nor
+  `keys_file` is set; `create` reads no environment and defaults nothing;
+- every validation failure is a `ServingError` naming the field, the value, its flag and its
+  variable.
 """
 
 from __future__ import annotations

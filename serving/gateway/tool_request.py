@@ -1,19 +1,16 @@
 """The JSON schemas of a metered request (tool parameters, `response_format`,
-`structured_outputs.json`, a Responses `text.format`), checked once the
-request is admitted (`openai_request.check_admitted`: compiling a schema is the costliest
-check, so a key at its limit gets its 429 without one; a 400 here withdraws the reservation).
-
-vLLM checks the shape of `tools` and `response_format` itself and names the field in its 400
-(`"param": "body.tools.0.function.name"`); the gateway relays those as vLLM wrote them, and
-charges nothing. What vLLM cannot name is a schema that is no JSON Schema at all
-(`{"type": "objekt"}`): its grammar compiler refuses it with `"param": null`, after the request
-took a slot and reached the engine. So the gateway checks each schema against its meta-schema
-first and answers a 400 that names the field:
+`structured_outputs.json`, a Responses `text.format`), each checked against its meta-schema
+once the request is admitted (docs/gateway.md, the order of checks).
 
     check_schemas(data)   # or InvalidRequestError(param="tools[0].function.parameters")
 
-Anything else (a tool without a name, `tools` not a list) is left to vLLM. Agents send the
-same tools every turn, so verdicts are cached by the schema's JSON text.
+Rules:
+- checked after admission (`openai_request.check_admitted`): compiling is the costliest
+  check, so a key at its limit gets its 429 without one; a 400 here withdraws the reservation;
+- only what vLLM cannot name is checked: a schema that is no JSON Schema (`{"type": "objekt"}`)
+  reaches vLLM's grammar compiler, which refuses it with `"param": null` after it took a slot;
+  the shape of `tools` and `response_format` is left to vLLM, whose 400s name the field;
+- verdicts are cached by the schema's JSON text (agents send the same tools every turn).
 """
 
 from __future__ import annotations

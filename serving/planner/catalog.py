@@ -94,7 +94,7 @@ QWEN3_32B = ModelSpec(
 # mamba_ssm_dtype float32 (vLLM 0.32's Qwen3_5*Config copies it into the state cache dtype:
 # 4-byte recurrent state). vision_config: depth 27, hidden 1152, intermediate 4304, 16 heads,
 # patch 16, spatial merge 2, temporal patch 2, out_hidden_size 4096.
-# Checked 2026-11-29 against public copies of the hub file (a test fixture of the 9B config,
+# Checked against public copies of the hub file (a test fixture of the 9B config,
 # and two documents quoting huggingface.co/Qwen/Qwen3.5-9B/blob/main/config.json), which
 # agree with each other; not against the hub file itself (no network here).
 QWEN35_9B = ModelSpec(

@@ -1,18 +1,16 @@
-"""KV cache layout and capacity, computed the way vLLM (v1 engine) computes them.
+"""KV cache layout and capacity, computed the way vLLM (v1 engine) computes them
+(docs/capacity.md, how the numbers are computed).
 
-Mirrors, in vllm/v1/core/kv_cache_utils.py (vLLM 0.32):
-- `get_kv_cache_config_from_groups`: num_blocks = available_bytes // bytes_per_block, where a
-  block holds `block_size` tokens of every layer in the largest KV cache group;
-- `get_max_concurrency_for_kv_cache_config`: concurrency = num_blocks / blocks one request of
-  max_model_len needs (summed over groups);
-- `get_kv_cache_capacity`: the logged "KV cache size: N tokens" = int(concurrency x max_model_len).
-
-Hybrid models (`Platform._align_hybrid_block_size` in vllm/platforms/interface.py): a linear
-layer's per-sequence state (conv + recurrent) must fit one page, so the attention block size
-grows to alignment x cdiv(state_bytes, alignment x attention_bytes_per_token) and state pages
-are padded to the attention page. Layers are grouped (`_get_kv_cache_groups_uniform_page_size`)
-into groups of min(#full, #linear) layers; each linear group takes 1 block per sequence (2 with
-prefix caching: mamba_cache_mode "align"), each attention group cdiv(max_model_len, block_size).
+Mirrors vllm/v1/core/kv_cache_utils.py (vLLM 0.32):
+- `get_kv_cache_config_from_groups`: num_blocks = available_bytes // bytes_per_block (a block
+  holds `block_size` tokens of every layer in the largest KV cache group);
+- `get_max_concurrency_for_kv_cache_config`: num_blocks / the blocks one max_model_len
+  request needs, summed over groups;
+- `get_kv_cache_capacity`: "KV cache size: N tokens" = int(concurrency x max_model_len);
+- hybrid models (`Platform._align_hybrid_block_size`, `_get_kv_cache_groups_uniform_page_size`):
+  the attention block grows until a page holds a linear layer's state, state pages are padded
+  to it, groups have min(#full, #linear) layers, and each linear group takes 1 block per
+  sequence (2 with prefix caching), each attention group cdiv(max_model_len, block_size).
 """
 
 from __future__ import annotations

@@ -1,24 +1,18 @@
-"""The memory vLLM sets aside for LoRA adapters: stacked A and B buffers for every adapted layer.
-
-With LoRA on, vLLM 0.32 wraps the model's layers (vllm/lora/layers) and allocates, at start and
-whether or not an adapter is loaded, one pair of buffers in the model dtype per slice of each
-wrapped linear layer (`create_lora_weights`):
-
-    lora_a_stacked: max_loras x 1 x max_lora_rank x in_features
-    lora_b_stacked: max_loras x 1 x out_features x max_lora_rank
-
-In a Qwen2/Qwen3 decoder layer that is qkv_proj (packed: one pair each for q, k and v),
-o_proj, gate_up_proj (packed: gate and up) and down_proj. Tensor parallelism shards them like
-the layer: the column-parallel ones (qkv, gate_up) hold their share of out_features, the
-row-parallel ones (o, down) their share of in_features (vLLM's default; fully sharded LoRA is
-not planned). vLLM's Qwen3 classes also name their embeddings LoRA modules
-(`embedding_modules`): the input embedding gets A = max_loras x vocab x rank and
-B = max_loras x 1 x hidden x rank, the logits (LM head) A = max_loras x 1 x rank x hidden and
-B = max_loras x 1 x vocab x rank, whole on every rank; Qwen2's classes wrap neither. A held
-against the tiny model on vLLM's CPU engine: `tests/integration/tenants/test_lora.py` sums the
-buffers the running engine allocated.
+"""The memory vLLM sets aside for LoRA adapters: stacked A and B buffers for every adapted layer
+(docs/adapters.md, what the planner adds).
 
     lora_bytes(spec, tp=1, max_loras=2, max_lora_rank=8, dtype_bytes=2).total
+
+Rules, as vLLM 0.32's `create_lora_weights` (vllm/lora/layers) allocates at start:
+- per slice of each wrapped linear layer, in the model dtype:
+  `lora_a_stacked` max_loras x 1 x max_lora_rank x in_features and
+  `lora_b_stacked` max_loras x 1 x out_features x max_lora_rank;
+- column-parallel layers (qkv, gate_up) hold their TP share of out_features, row-parallel ones
+  (o, down) of in_features (fully sharded LoRA is not planned);
+- Qwen3's `embedding_modules`, whole on every rank: the input embedding A = max_loras x vocab
+  x rank, B = max_loras x 1 x hidden x rank; the logits A = max_loras x 1 x rank x hidden,
+  B = max_loras x 1 x vocab x rank; Qwen2 wraps neither.
+`tests/integration/tenants/test_lora.py` holds this against the buffers the CPU engine allocates.
 """
 
 from __future__ import annotations

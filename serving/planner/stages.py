@@ -1,17 +1,15 @@
-"""Pipeline parallelism: which decoder layers each stage holds, and one GPU's memory per stage.
-
-vLLM splits the decoder layers over `pipeline_parallel_size` stages with `get_pp_indices`
-(vllm/distributed/utils.py, vLLM 0.32), mirrored by `pp_partition`: every stage gets
-layers // pp; the remainder goes one layer each to the stages before the last, counting back
-from the second-to-last (the last stage also holds the final norm and the LM head):
+"""Pipeline parallelism: which decoder layers each stage holds, and one GPU's memory per stage
+(docs/capacity.md, how the numbers are computed).
 
     pp_partition(80, 2) == (40, 40)     pp_partition(30, 4) == (7, 8, 8, 7)
 
-(vLLM's VLLM_PP_LAYER_PARTITION overrides the split; plans assume it is unset.) A stage's
-GPU holds its layers' weights and KV cache, the input embedding on the first stage, the LM
-head on the last, and runs the sampler only on the last. At start-up vLLM gives every stage
-the smallest number of KV blocks any stage can hold, so the stage with the least KV space
-binds the whole replica.
+Rules, as vLLM 0.32's `get_pp_indices` (vllm/distributed/utils.py; VLLM_PP_LAYER_PARTITION
+assumed unset):
+- every stage gets layers // pp; the remainder goes one each to the stages before the last,
+  counting back from the second-to-last;
+- a stage's GPU holds its layers' weights and KV cache, the input embedding on the first
+  stage, the LM head, final norm and sampler on the last;
+- every stage gets the fewest KV blocks any stage can hold, so that stage binds the replica.
 """
 
 from __future__ import annotations

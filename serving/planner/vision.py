@@ -1,20 +1,17 @@
 """Vision encoders of Qwen VL checkpoints: their parameters, image tokens and activation peak.
+vLLM loads the vision tower next to the decoder, so it takes memory even when only text is
+served (docs/capacity.md, how the numbers are computed).
 
-vLLM loads the vision tower of a `...ForConditionalGeneration` checkpoint next to the decoder,
-so it takes memory even when only text is served. Two layouts:
-
-- Qwen3-VL / Qwen3.5 (`VisionConfig`), as transformers' `Qwen3_5VisionModel`: a Conv3d patch
-  embedding with bias, a learned position table, `depth` ViT blocks (LayerNorm, qkv + proj with
-  bias, fc1/fc2 MLP with bias) and one patch merger (LayerNorm, two linears over
-  `hidden x spatial_merge_size**2` features), plus Qwen3-VL's deepstack mergers.
-- Qwen2.5-VL (`Qwen25VisionConfig`), as transformers' `Qwen2_5_VisionTransformerPretrainedModel`:
-  a Conv3d patch embedding without bias, rotary positions (no table), `depth` blocks of
-  window or full attention (RMSNorm, qkv + proj with bias, gated SiLU MLP gate/up/down with
-  bias) and a merger (RMSNorm, two linears).
-
-Images become tokens as Qwen2-VL's image processor says (`smart_resize`): each side rounded to
-a multiple of patch x merge (28), the area kept within [min_pixels, max_pixels]; one token per
-28 x 28 pixels, plus `<|vision_start|>` and `<|vision_end|>` around them in the prompt.
+Layouts, as transformers builds them:
+- Qwen3-VL / Qwen3.5 (`VisionConfig`, `Qwen3_5VisionModel`): Conv3d patch embedding with
+  bias, a learned position table, `depth` LayerNorm ViT blocks (biased qkv, proj, fc1/fc2)
+  and one merger over `hidden x spatial_merge_size**2` features, plus Qwen3-VL's deepstack
+  mergers;
+- Qwen2.5-VL (`Qwen25VisionConfig`, `Qwen2_5_VisionTransformerPretrainedModel`): Conv3d
+  without bias, rotary positions, `depth` RMSNorm blocks (biased qkv, proj and gated SiLU
+  MLP) and an RMSNorm merger.
+Image tokens follow `smart_resize` (docs/images.md): one per (patch x merge)^2 pixels, plus
+`<|vision_start|>` and `<|vision_end|>`.
 """
 
 from __future__ import annotations

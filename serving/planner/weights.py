@@ -1,17 +1,16 @@
-"""Parameter count and per-GPU weight bytes, from the shapes, the way vLLM shards them.
+"""Parameter count and per-GPU weight bytes, from the shapes, the way vLLM shards them
+(docs/capacity.md, how the numbers are computed).
 
-Tensor parallelism (vLLM `ColumnParallelLinear` / `RowParallelLinear`): q/k/v, gate/up and the
-DeltaNet input projections split their outputs; o, down and the DeltaNet output projection
-split their inputs. K/V heads are replicated when tp > kv_heads (one head per GPU). Embeddings
-and the LM head split the vocabulary (padded to 64). Norms are replicated.
-
-Pipeline parallelism (`first_stage` / `last_stage`, vLLM's Qwen models): the input embedding
-lives on the first stage, the LM head and the final norm on the last; with tied embeddings
-the last stage keeps its own copy of the embedding as its LM head.
-
-AWQ (4 bit, zero point, group size g) stores each linear layer as qweight int32
-[in, out/8], qzeros int32 [in/g, out/8] and scales fp16 [in/g, out]; embeddings, LM head,
-norms, biases, MoE routers and the vision encoder stay 16 bit.
+Rules:
+- tensor parallelism (`ColumnParallelLinear` / `RowParallelLinear`): q/k/v, gate/up and the
+  DeltaNet input projections split their outputs; o, down and the DeltaNet output projection
+  their inputs; K/V heads are replicated when tp > kv_heads; embeddings and the LM head split
+  the vocabulary (padded to 64); norms are replicated;
+- pipeline parallelism (`first_stage` / `last_stage`): the input embedding on the first stage,
+  the LM head and final norm on the last, which keeps its own copy of tied embeddings;
+- AWQ (4 bit, zero point, group g): qweight int32 [in, out/8], qzeros int32 [in/g, out/8],
+  scales fp16 [in/g, out]; embeddings, LM head, norms, biases, MoE routers and the vision
+  encoder stay 16 bit.
 """
 
 from __future__ import annotations

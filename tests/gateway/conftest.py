@@ -1,4 +1,5 @@
-"""Fixtures for gateway tests: one fake upstream per session, gateways per test.
+"""Fixtures for gateway tests: one fake upstream and one redis-server per session, gateways
+per test.
 
 gateway = make_gateway(keys_db=str(keys.path), clock=clock)   # key store + manual time
 record, secret = keys.create(KeySpec("team", limits=Limits(max_concurrency=2)))
@@ -17,6 +18,7 @@ from serving.gateway.keys import SqliteKeyStore
 from serving.gateway.quota import Clock
 from serving.gateway.settings import GatewaySettings
 from tests.gateway.fake_upstream import FAKE_ROUTES, FakeUpstream
+from tests.gateway.quota.redis_server import RedisServer
 from tests.gateway.servers import TEST_KEY, GatewayServer
 
 GatewayFactory = Callable[..., GatewayServer]
@@ -92,6 +94,42 @@ def keys(tmp_path: Path) -> Iterator[SqliteKeyStore]:
     store = SqliteKeyStore(tmp_path / "keys.db")
     yield store
     store.close()
+
+
+@pytest.fixture
+def path(tmp_path: Path) -> Path:
+    """Where a test's keys.db goes (the budget journal and the usage ledger share it)."""
+    return tmp_path / "keys.db"
+
+
+@pytest.fixture
+def engines() -> Iterator[tuple[FakeUpstream, FakeUpstream]]:
+    """Two fake engines of the test's own, for a gateway over several upstreams."""
+    pair = (FakeUpstream(), FakeUpstream())
+    for engine in pair:
+        engine.start()
+    yield pair
+    for engine in pair:
+        engine.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """One redis-server for the session: each test empties it first (`flush`) or works under a
+    namespace of its own; a test that stops or kills one starts its own (`own_redis`)."""
+    server = RedisServer(tmp_path_factory.mktemp("redis"))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
+    """A redis-server of this test's own, free to be paused, killed and started again."""
+    server = RedisServer(tmp_path / "redis")
+    server.start()
+    yield server
+    server.stop()
 
 
 def eventually(check: Callable[[], bool], timeout: float = 5.0) -> bool:

@@ -12,7 +12,6 @@ import re
 import shlex
 import subprocess
 import sys
-from collections.abc import Iterator
 from datetime import date
 from pathlib import Path
 
@@ -31,14 +30,6 @@ from tests.gateway.quota.running import run_async
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "usage-reports.md"
 SECRET = "sk-5e01c9a7-" + "Q" * 40
 DAYS = ["--from", "2026-03-01", "--to", "2026-03-31"]
-
-
-@pytest.fixture(scope="module")
-def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path_factory.mktemp("redis-usage-command"))
-    server.start()
-    yield server
-    server.stop()
 
 
 def serving(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:

@@ -8,7 +8,6 @@ import contextlib
 import json
 import sqlite3
 import time
-from collections.abc import Iterator
 from datetime import date
 from typing import Any
 
@@ -34,14 +33,6 @@ ADMIN_KEY = "adm-usage-test-key"
 CHAT = {"model": "fake", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
 # (key id, model) -> [prompt, completion]
 Usage = dict[tuple[str, str], list[int]]
-
-
-@pytest.fixture(scope="module")
-def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path_factory.mktemp("redis-usage-gateway"))
-    server.start()
-    yield server
-    server.stop()
 
 
 def report(gateway: GatewayServer, query: str, key: str = ADMIN_KEY) -> httpx.Response:

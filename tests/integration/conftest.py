@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import httpx
 import psutil
@@ -63,6 +63,9 @@ class Stack:
 
     def direct_client(self) -> OpenAI:
         return OpenAI(base_url=f"{self.engine_url}/v1", api_key="unused")
+
+    def oracle_urls(self) -> tuple[list[str], list[str]]:
+        return [self.gateway_url], [self.engine_url]
 
 
 def wait_for(url: str, process: subprocess.Popen[str], output: Path, timeout: float) -> None:
@@ -208,42 +211,57 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         yield running
 
 
-# The stacks the oracle checks (one engine behind one gateway): the session's, vision's and
-# the tenants' (package and module fixtures).
-ORACLE_STACKS = ("stack", "vl_stack", "lora_stack")
-# The ledger the last checked test ended on, per stack: the next test starts from it unless a
-# test that reaches an engine around the gateway ran in between (one scrape of each side less).
+# The fixtures the oracle checks, when their value names its gateways and engines
+# (`oracle_urls`): the session's stack, vision's, the tenants', the replicas' topology and the
+# multi-node cluster.
+ORACLE_FIXTURES = ("stack", "vl_stack", "lora_stack", "topology", "cluster")
+# The ledger the last checked test ended on, per fixture: the next test starts from it unless
+# a test that reaches an engine around the gateway ran in between (one scrape of each less).
 _last_ledger: dict[str, Ledger] = {}
+
+
+class OracleTarget(Protocol):
+    def oracle_urls(self) -> tuple[list[str], list[str]]:
+        """Every gateway's API URL and every engine's: the oracle sums over them."""
+        ...
 
 
 @pytest.fixture(autouse=True)
 def accounting_oracle(request: pytest.FixtureRequest) -> Iterator[None]:
-    """vLLM's own counters check the accounting of every test on a `serving up` stack: the
-    tokens the gateway charged meanwhile cover what the engine counted (`oracle`). A test that
-    reaches the engine around the stack's gateway is marked `engine_direct`."""
-    if request.node.get_closest_marker("engine_direct"):
+    """vLLM's own counters check the accounting of every test on real engines behind
+    gateways: the tokens the gateways charged meanwhile cover what the engines counted
+    (`oracle`). A test that reaches an engine around the gateways is marked `engine_direct`;
+    one that kills or freezes what the oracle reads, `oracle_exempt`."""
+    if request.node.get_closest_marker("engine_direct") or request.node.get_closest_marker(
+        "oracle_exempt"
+    ):
         _last_ledger.clear()
         yield
         return
-    names = [name for name in ORACLE_STACKS if name in request.fixturenames]
-    if not names:
+    targets: dict[str, OracleTarget] = {}
+    for name in ORACLE_FIXTURES:
+        if name in request.fixturenames:
+            value = request.getfixturevalue(name)
+            if hasattr(value, "oracle_urls"):  # not another module's fixture of that name
+                targets[f"{name} {id(value)}"] = value
+    if not targets:
         yield
         return
     from tests.integration.oracle import read_ledger  # it reads this module's `scrape`
 
-    stacks: dict[str, Stack] = {name: request.getfixturevalue(name) for name in names}
+    urls = {name: target.oracle_urls() for name, target in targets.items()}
     before = {
         name: _last_ledger.pop(name)
         if name in _last_ledger
-        else read_ledger(stack.gateway_url, stack.engine_url, steady=False)
-        for name, stack in stacks.items()
+        else read_ledger(*urls[name], steady=False)
+        for name in targets
     }
     yield
-    for name, stack in stacks.items():
-        after = read_ledger(stack.gateway_url, stack.engine_url)
+    for name in targets:
+        after = read_ledger(*urls[name])
         shortfall = after.shortfall(before[name])
         assert shortfall <= 0, (
-            f"{name}: the engine counted {shortfall:g} tokens more than the gateway charged "
+            f"{name}: the engines counted {shortfall:g} tokens more than the gateways charged "
             f"(slack for cut requests included): before {before[name]}, after {after}"
         )
         _last_ledger[name] = after

@@ -9,13 +9,16 @@ tokens between the gateway's last read and vLLM's abort: each of its sequences (
 prompts) is allowed `CUT_SLACK_TOKENS`.
 
 `conftest.accounting_oracle` reads both sides before and after every test that uses a
-`serving up` stack (`conftest.ORACLE_STACKS`); a test that sends requests straight to the
-engine (uncharged on purpose) says so with `@pytest.mark.engine_direct`.
+stack of real engines behind gateways (a fixture named in `conftest.ORACLE_FIXTURES` whose
+value has `oracle_urls()`: every gateway and engine, summed); a test that sends requests
+straight to an engine (uncharged on purpose) says so with `@pytest.mark.engine_direct`, one
+that kills or freezes what the oracle reads with `@pytest.mark.oracle_exempt`.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from serving.gateway.usage import CUT_SLACK_TOKENS
@@ -48,26 +51,37 @@ def engine_tokens(samples: Samples) -> float:
 
 
 def read_ledger(
-    gateway_url: str, engine_url: str, *, steady: bool = True, settle_s: float = 30
+    gateway_url: str | Sequence[str],
+    engine_url: str | Sequence[str],
+    *,
+    steady: bool = True,
+    settle_s: float = 30,
 ) -> Ledger:
-    """Both sides once nothing runs and, when `steady`, vLLM's counters stopped moving (they
-    are updated as the engine's outputs are processed, a moment after the last byte went
-    out; an aborted request's last step comes later still)."""
+    """Both sides, summed over the gateways and the engines, once nothing runs and, when
+    `steady`, vLLM's counters stopped moving (they are updated as the engine's outputs are
+    processed, a moment after the last byte went out; an aborted request's last step comes
+    later still)."""
+    gateway_urls = [gateway_url] if isinstance(gateway_url, str) else list(gateway_url)
+    engine_urls = [engine_url] if isinstance(engine_url, str) else list(engine_url)
     deadline = time.monotonic() + settle_s
     previous: Ledger | None = None
     while True:
-        engine = scrape(engine_url)
-        gateway = scrape(gateway_url)
+        engines = [scrape(url) for url in engine_urls]
+        gateways = [scrape(url) for url in gateway_urls]
+
+        def both(samples: list[Samples], name: str) -> float:
+            return sum(total(one, name) for one in samples)
+
         idle = (
-            total(engine, "vllm:num_requests_running") == 0
-            and total(engine, "vllm:num_requests_waiting") == 0
-            and total(gateway, "gateway_in_flight_requests") == 0
-            and total(gateway, "gateway_quota_leases") == 0
+            both(engines, "vllm:num_requests_running") == 0
+            and both(engines, "vllm:num_requests_waiting") == 0
+            and both(gateways, "gateway_in_flight_requests") == 0
+            and both(gateways, "gateway_quota_leases") == 0
         )
         ledger = Ledger(
-            engine_tokens(engine),
-            total(gateway, "gateway_engine_accounted_tokens_total"),
-            total(gateway, "gateway_engine_cut_sequences_total"),
+            sum(engine_tokens(one) for one in engines),
+            both(gateways, "gateway_engine_accounted_tokens_total"),
+            both(gateways, "gateway_engine_cut_sequences_total"),
         )
         if idle and (not steady or ledger == previous):
             return ledger

@@ -309,6 +309,10 @@ class Topology:
     def live_replicas(self) -> list[Gateway]:
         return [replica for replica in self.replicas if replica.alive()]
 
+    def oracle_urls(self) -> tuple[list[str], list[str]]:
+        gateways = [self.up.stack.gateway_url, *(r.url for r in self.live_replicas())]
+        return gateways, self.up.engine_urls
+
     def key(self, name: str, *limits: str) -> tuple[str, str]:
         """`serving keys create --store` on the keys.db every gateway reads: (id, secret)."""
         return create_key(self.up.stack, name, *limits)

@@ -60,6 +60,9 @@ class Cluster:
     launcher_out: Path  # what `serving engine` printed (its restarts)
     seen: dict[int, psutil.Process] = field(default_factory=dict)
 
+    def oracle_urls(self) -> tuple[list[str], list[str]]:
+        return [self.gateway_url], [self.engine_url]
+
     def track(self) -> None:
         """Remember every process now running under the launcher or the second node."""
         roots = [self.engine.pid, self.node.pid]

@@ -1,22 +1,17 @@
-"""The admin API's adapter routes: list, load and unload LoRA adapters on every engine.
+"""The admin API's adapter routes: list, load and unload LoRA adapters on every engine
+(docs/adapters.md, runtime adapters).
 
     GET    /admin/v1/adapters           what the registry holds, and where each one is loaded
     POST   /admin/v1/adapters           {"name": "team-a-lora", "path": "/adapters/team-a"}
     DELETE /admin/v1/adapters/NAME      unload everywhere (kept as removed, see `registry`)
 
-Off (403 naming the setting) unless the gateway runs with `--runtime-adapters`; the engines
-must run with VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 and LoRA on (a profile's `lora`
-section). A load answers once every engine in the rotation was asked: 200 with the engines
-that hold the adapter, or 400 with the engines' reasons when none could load it (a path the
-engines cannot read): then it is kept as removed, loaded nowhere. Tenant keys never reach
-vLLM's own LoRA routes: the route table refuses them (`route_table.REFUSED`).
-
-The engines' own adapters (a profile's `lora` section: vLLM starts with them) are not this
-API's: an adapter an engine lists that the registry has never held is one of them, and a load
-or an unload of its name answers 409 (`param` "name"). Putting it in the registry would make
-an unload (or the tombstone of a failed load) take it off every engine, and off every engine
-that starts later. So a load waits (503) until one engine's list has been read, unless no
-engine is known at all (scaled to zero: it is kept for the engines that come).
+Rules:
+- off (403 naming the setting) unless the gateway runs with `--runtime-adapters`;
+- a load answers once every engine in the rotation was asked: 200 with the engines that hold
+  it, or 400 with their reasons when none could (then it is kept as removed);
+- the engines' own adapters (a profile's `lora` section) are not this API's: a load or unload
+  of a name an engine lists and the registry never held answers 409 (`param` "name"), so a
+  load waits (503) until one engine's list was read, unless no engine is known at all.
 """
 
 from __future__ import annotations

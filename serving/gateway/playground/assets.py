@@ -1,4 +1,5 @@
-"""The playground's files over HTTP: exact names only, strict headers, revalidated caching.
+"""The playground's files over HTTP: exact names only, strict headers, revalidated caching
+(docs/playground.md).
 
     playground = Playground.load()      # reads static/ once, when the app is built
     playground.handles("/playground/playground.js")  # True: the app routes it here
@@ -6,17 +7,13 @@
 
 Rules:
 - `/playground` (and `/playground/`) is the page; `/playground/NAME` is the file NAME of
-  `static/`, looked up by exact name in what `load` read. Nothing touches the file system per
-  request, so no path (`..`, `%2e%2e`, `//`, backslashes) can reach another file; anything
-  else is the gateway's usual 404 in OpenAI error shape.
-- GET and HEAD only (other methods: that 404 too, as for any route the gateway lacks).
-- No key: the page holds no secret; the API calls it makes carry the user's key.
-- `Cache-Control: no-cache` with an `ETag`: browsers revalidate each load (a 304, no body),
-  so a page and script from different gateway versions never meet.
-- A Content-Security-Policy that allows only this origin's script, style and API
-  (`connect-src 'self'`); images also from `data:` URLs, which is how the page shows the
-  pictures the user attaches. No inline script or style exists in the files, so none is
-  allowed; the page cannot be framed, and it sends no referrer.
+  `static/` as `load` read it: nothing touches the file system per request, so no path can
+  reach another file; anything else, and methods other than GET and HEAD, is the gateway's
+  usual 404;
+- no key: the page holds no secret; the API calls it makes carry the user's key;
+- `Cache-Control: no-cache` with an `ETag`, so a page and script of different versions never
+  meet; a Content-Security-Policy of this origin only (images also from `data:`), no inline
+  script or style, no framing, no referrer.
 """
 
 from __future__ import annotations

@@ -6,15 +6,13 @@
     replies = await client.transaction(("HSETNX", h, f, v), ("SET", k, v))   # MULTI ... EXEC
     await client.close()
 
-Every Redis the gateway and its commands talk to goes through it: the quota store, the usage
-ledger, the key store (`keys.redis_store`, also `serving keys --redis-url`) and the adapter
-registry, each over a client (so a connection) of its own. Why not redis-py: `make bench`
-measured its asyncio client's machinery per call (a pooled connection taken and handed back,
-commands packed in Python, reply callbacks, a timeout context per call) at over 100 µs of the
-gateway's CPU, most of what the Redis store cost. The gateway needs a handful of commands on
-one server, so this is `hop_connection`'s approach again: an asyncio Protocol
-(`redis_connection`), hiredis packing commands and parsing replies in C, and one connection
-that pipelines every caller's commands. Its failures are one tree, `RedisError`.
+Every Redis the gateway and its commands talk to goes through it (docs/gateway.md, shared
+quotas): the quota store, the usage ledger, the key store and the adapter registry, each over
+a client (so a connection) of its own. Not redis-py: its asyncio client's per-call machinery
+(pool, commands packed in Python, reply callbacks, a timeout context) was most of what the
+Redis store cost; a handful of commands on one server need only an asyncio Protocol
+(`redis_connection`), hiredis packing and parsing in C, and one pipelined connection. Its
+failures are one tree, `RedisError`.
 
 URLs, as redis-py spells them: `redis://[[user]:password@]host[:port][/db]`; `rediss://`
 the same over TLS (the system's CAs, or `?ssl_ca_certs=FILE`; `?ssl_cert_reqs=none` skips

@@ -1,22 +1,18 @@
-"""Where quota state lives: the `QuotaStore` interface, a few atomic async operations.
+"""Where quota state lives: the `QuotaStore` interface, a few atomic async operations
+(docs/gateway.md, limits and shared quotas).
 
-Each call checks and changes everything it touches in one step, so a store can be an
-in-process object on one event loop (`memory_store.InMemoryQuotaStore`) or one script run
-per call on a shared server (`redis_store.RedisQuotaStore`), without the engine above
-changing. The calls are async because a shared store is a network round trip away; one call
-reserves and reports the rate-limit state, so admission costs one round trip.
-
-Leases are recognised by id. Ending one is idempotent by that id: the first `finish` books
-its charge and says True, every later one (a retry after a timeout, a cleanup path that
-overlaps) changes nothing and says False. A shared store may deliver an ending with its next
-call instead of at once (`redis_store`); it then answers from what it knows, and a lease
-that turns out to have ended otherwise meanwhile (it expired) is told so on its object. A
-lease nobody ends or renews expires and keeps its whole reservation charged
-(`reclaim_expired`), so a crashed gateway cannot hold a slot forever and never
-under-charges.
-
-A store that cannot answer (a shared server down or too slow) raises `QuotaStoreUnavailable`;
-what the gateway then does is `failure_policy`'s business, not the store's.
+Rules:
+- each call checks and changes everything it touches in one step, so a store can be an
+  in-process object (`memory_store.InMemoryQuotaStore`) or one script per call on a shared
+  server (`redis_store.RedisQuotaStore`); one call reserves and reports the rate-limit state,
+  so admission costs one round trip;
+- ending a lease is idempotent by its id: the first `finish` books its charge and says True,
+  every later one changes nothing and says False; a shared store may deliver an ending with
+  its next call, and a lease found ended otherwise meanwhile (expired) is told so on its object;
+- a lease nobody ends or renews expires with its whole reservation charged
+  (`reclaim_expired`): a crashed gateway holds no slot forever and never under-charges;
+- a store that cannot answer raises `QuotaStoreUnavailable`; what then happens is
+  `failure_policy`'s business.
 """
 
 from __future__ import annotations

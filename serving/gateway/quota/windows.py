@@ -1,20 +1,14 @@
-"""Time and the counters that live in it: clocks, a sliding minute, calendar budgets.
+"""Time and the counters that live in it: clocks, a sliding minute, calendar budgets
+(docs/gateway.md, limits).
 
-Clocks. Two readings: `monotonic()` for minute windows and lease expiry (never jumps when NTP
-steps the wall clock), `wall()` (Unix seconds) only to name the UTC day and month a budget is
-in; injectable, so tests can step through windows and days.
-
-Minute window. Usage is kept in 1 s buckets and a request is checked against the sum of the
-current bucket and the 60 before it (61 buckets). That makes the guarantee exact for every
-real interval, not just aligned ones: for any 60 s interval, the tokens (and requests)
-admitted within it never exceed the limit. Proof: let t be the last admission in the interval;
-every earlier one in it happened after t - 60, so sits in bucket >= floor(t) - 60, and all of
-them were counted when t was checked; settling only lowers what a bucket holds. The price is
-that capacity comes back after 60-61 s instead of exactly 60 s. A fixed 60 s window was
-rejected: it lets 2x the limit through across a window edge.
-
-Charges are booked in the bucket of admission (where the reservation was made), so a stream
-that runs for minutes is counted against the minute it started in.
+Rules:
+- `monotonic()` times minute windows and lease expiry (NTP steps never move it); `wall()`
+  (Unix seconds) only names the UTC day and month a budget is in; clocks are injectable, so
+  tests step through windows and days (`ManualClock`);
+- a minute limit holds for every 60 s interval, aligned or not (`SlidingWindow`); capacity
+  comes back after 60-61 s;
+- charges are booked in the bucket of admission, so a long stream counts against the minute
+  it started in.
 """
 
 from __future__ import annotations
@@ -103,7 +97,7 @@ class UtcPeriods:
 
 # Buckets are 1 s wide, so bucket numbers are whole monotonic seconds.
 WINDOW_SECONDS = 60
-# The current bucket plus the 60 before it, see the module docstring.
+# The current bucket plus the 60 before it, see `SlidingWindow`.
 SPAN_BUCKETS = WINDOW_SECONDS + 1
 
 
@@ -143,7 +137,14 @@ def leaves_at(bucket: int) -> float:
 
 
 class SlidingWindow:
-    """Amounts per 1 s bucket over the last `SPAN_BUCKETS` buckets, with a running total."""
+    """Amounts per 1 s bucket over the last `SPAN_BUCKETS` buckets, with a running total.
+
+    A request is checked against the current bucket and the 60 before it, which bounds every
+    real 60 s interval, not just aligned ones: let t be the last admission in the interval;
+    every earlier one in it happened after t - 60, so sits in bucket >= floor(t) - 60, and all
+    were counted when t was checked (settling only lowers a bucket). A fixed 60 s window would
+    let 2x the limit through across its edge.
+    """
 
     __slots__ = ("_buckets", "_total")
 

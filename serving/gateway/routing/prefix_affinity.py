@@ -1,23 +1,18 @@
 """Prefix affinity: send a request to the engine that already holds the longest part of its
-prompt in vLLM's prefix cache, which is the engine its conversation used so far.
+prompt in vLLM's prefix cache, the engine its conversation used so far (docs/scale-out.md).
 
     table = PrefixTable(capacity=200_000)
     hashes = prefix_hashes(prompt_text(kind, data))
     engine = table.longest_match(hashes, eligible)   # an engine id in `eligible`, or None
     table.remember(hashes, engine_id)
 
-The prompt text is cut into `CHUNK_CHARS` pieces and each piece's hash is chained to the
-one before it, so one hash stands for a whole prefix. Turn N+1 of a conversation begins with
-turn N's text (the earlier messages are resent), so its chain begins with turn N's, and the
-deepest hash of the new chain the table knows is the end of turn N: the engine that served
-it. A prompt that only shares a system prompt with earlier ones matches the middle of their
-chains, which names no engine (see `PrefixTable`).
-
-The table is local to a gateway replica and approximate (vLLM evicts blocks on its own): a
-wrong guess costs a cache miss, never a wrong answer. Hashes are Python's keyed `hash`
-(SipHash, random per process), so clients cannot aim collisions at it; the table holds
-hashes only, never prompt text. It is bounded: past `capacity` entries the older half is
-dropped.
+Rules:
+- the prompt is cut into `CHUNK_CHARS` pieces whose hashes are chained, so one hash stands
+  for a whole prefix; only where a prompt ended (a tip) names an engine (`PrefixTable`);
+- the table is per gateway replica and approximate: a wrong guess costs a cache miss, never a
+  wrong answer;
+- hashes are Python's keyed `hash` (random per process: clients cannot aim collisions), the
+  table holds no prompt text, and past `capacity` entries the older half is dropped.
 """
 
 from __future__ import annotations

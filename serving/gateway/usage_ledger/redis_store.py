@@ -1,23 +1,19 @@
-"""The ledger in Redis: one hash per UTC day, shared by every gateway replica.
+"""The ledger in Redis: one hash per UTC day, shared by every gateway replica
+(docs/usage-reports.md).
 
     store = RedisUsageStore.from_url("redis://redis:6379/0", retention_days=400)
     await store.write(writer, number, batch)    # one script: HINCRBY per field, EXPIREAT
     rows = await store.read("2026-03-01", "2026-03-31", None)
 
-Layout, under a namespace (default `qwen-serving:usage`) written in braces, a hash tag, so
-that a Redis Cluster would keep every key of one script in one slot:
-- `{qwen-serving:usage}:day:2026-03-01`, a hash: `KEY_ID|MODEL|prompt` and
-  `KEY_ID|MODEL|completion` -> tokens. Replicas add into it (HINCRBY), so it holds their sum.
-  It expires when the day leaves the retention (`days.expires_at`): Redis prunes it.
-- `{qwen-serving:usage}:writer:WRITER`, the number of that recorder's last batch in, which
-  lives a day past its last write (a recorder retries for seconds, not days).
-
-A batch is one script (`SCRIPT`), so it is in whole or not at all, and a batch whose mark is
-there already is not added again (`recorder` says why). Key ids never hold `|` and the
-kind is the last field, so a model name holding one still reads back whole.
-
-Calls go through the gateway's own pipelined client (`quota.redis_client`), over a
-connection of their own: the quota store's requests never queue behind a report.
+Rules:
+- keys live under a namespace written in braces (a hash tag: one Redis Cluster slot per
+  script): `{NS}:day:DAY`, a hash `KEY_ID|MODEL|KIND` -> tokens that replicas add into and
+  that expires with the retention; `{NS}:writer:WRITER`, the writer's last batch number,
+  kept a day past its last write (a recorder retries for seconds, not days);
+- a batch is one script (`SCRIPT`): in whole or not at all, and not again once its mark is in;
+- key ids never hold `|` and the kind is the last field, so a model name holding one reads
+  back whole;
+- calls use a connection of their own, so quota requests never queue behind a report.
 """
 
 from __future__ import annotations

@@ -1,20 +1,18 @@
-"""The ledger in SQLite: table `usage_days` in keys.db, for gateways without Redis.
+"""The ledger in SQLite: table `usage_days` in keys.db, for gateways without Redis
+(docs/usage-reports.md).
 
     store = SqliteUsageStore(Path("var/keys.db"), retention_days=400)
     await store.write(writer, number, batch)        # one transaction, in a worker thread
     rows = read_usage_file(path, "2026-03-01", "2026-03-31", None)   # `serving usage report`
 
-One row per (UTC day, key id, model) with its prompt and completion tokens. A batch *adds*
-to the rows (`prompt_tokens = prompt_tokens + excluded.prompt_tokens`), so gateways sharing
-one keys.db each add what they recorded and the rows are their sum. The same transaction
-stores the writer's batch number (table `usage_writers`), so a batch already in is not added
-again (`recorder` says why). The first write of each UTC day also deletes the days past
-retention (`days`) and the marks of writers not seen for a month.
-
-Writes run in a worker thread (`asyncio.to_thread`), never on the event loop: a commit waits
-for the disk and, while another process holds the file, up to the busy timeout. WAL with
-synchronous=NORMAL, as for the keys and the budget journal: a commit survives a killed
-process; a power cut may lose the last ones.
+Rules:
+- one row per (UTC day, key id, model); a batch *adds* to the rows, so gateways sharing one
+  keys.db each add what they recorded and the rows are their sum;
+- the same transaction stores the writer's batch number (`usage_writers`), so a batch already
+  in is not added again; the first write of each UTC day deletes the days past retention and
+  the marks of writers not seen for `WRITER_MARK_DAYS`;
+- writes run in a worker thread, never on the event loop (a commit waits for the disk and
+  the busy timeout); WAL with synchronous=NORMAL, as for the keys and the budget journal.
 """
 
 from __future__ import annotations

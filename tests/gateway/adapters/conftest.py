@@ -5,26 +5,13 @@ gateway = gateway_for(make_gateway, engines, tmp_path / "keys.db")   # admin key
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from tests.gateway.conftest import GatewayFactory
 from tests.gateway.fake_upstream import FakeUpstream
 from tests.gateway.servers import GatewayServer
 
 ADMIN = "adm-runtime-test"
-
-
-@pytest.fixture
-def engines() -> Iterator[tuple[FakeUpstream, FakeUpstream]]:
-    pair = (FakeUpstream(), FakeUpstream())
-    for engine in pair:
-        engine.start()
-    yield pair
-    for engine in pair:
-        engine.stop()
 
 
 def gateway_for(make: GatewayFactory, engines: tuple[FakeUpstream, ...], db: Path) -> GatewayServer:

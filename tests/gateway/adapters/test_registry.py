@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,14 +17,6 @@ from serving.gateway.adapters.registry import (
 )
 from tests.gateway.quota.redis_server import RedisServer
 from tests.gateway.quota.running import run_async
-
-
-@pytest.fixture(scope="module")
-def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path_factory.mktemp("redis-adapters"))
-    server.start()
-    yield server
-    server.stop()
 
 
 async def _exercise(registry: AdapterRegistry) -> None:

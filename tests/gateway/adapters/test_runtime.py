@@ -3,7 +3,6 @@ given to an engine that (re)joins, unloaded everywhere; refused unless turned on
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -171,14 +170,6 @@ def test_tenant_keys_reach_neither_the_admin_routes_nor_vllms(
         direct = tenant.post("/v1/load_lora_adapter", json={"lora_name": "x", "lora_path": "/a"})
         assert direct.status_code == 403
     assert all(engine.adapters == {} for engine in engines)
-
-
-@pytest.fixture(scope="module")
-def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path_factory.mktemp("redis-adapters-gateway"))
-    server.start()
-    yield server
-    server.stop()
 
 
 def test_replicas_sharing_redis_share_the_adapters(

@@ -1,5 +1,6 @@
-"""Redis for the key store tests: one `redis-server` for the session, shared by tests that
-each work under a namespace of their own; a server of its own for a test that stops it.
+"""Redis for the key store tests: the session's `redis-server` (tests/gateway/conftest.py),
+shared by tests that each work under a namespace of their own; a server of its own, with a
+password, for a test that stops it.
 
     store = redis_keys(redis_server.url)        # a fresh namespace, closed after the test
     store.create(...); store.store                # blocking calls; the async store inside
@@ -18,14 +19,6 @@ from serving.gateway.keys.redis_store import DEFAULT_NAMESPACE, BlockingRedisKey
 from tests.gateway.quota.redis_server import RedisServer
 
 StoreFactory = Callable[..., BlockingRedisKeyStore]
-
-
-@pytest.fixture(scope="session")
-def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path_factory.mktemp("redis-keys"))
-    server.start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture

@@ -1,4 +1,5 @@
-"""The quota stores the store-level tests run over, and the Redis server they use.
+"""The quota stores the store-level tests run over (`redis_server` and `own_redis`:
+tests/gateway/conftest.py).
 
 `quota_store` builds a fresh store on a `ManualClock`, as an async context manager (a shared
 store's client lives on the caller's event loop and is closed when the context ends, which
@@ -9,9 +10,8 @@ session's `redis-server`, emptied first.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
-from pathlib import Path
 
 import pytest
 
@@ -22,15 +22,6 @@ from tests.gateway.quota.redis_server import RedisServer
 StoreFactory = Callable[[ManualClock], AbstractAsyncContextManager[QuotaStore]]
 # Functional tests bound a call generously (a busy machine); outage tests set their own.
 SLOW_MACHINE_TIMEOUT_S = 10.0
-
-
-@pytest.fixture(scope="session")
-def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    """One redis-server for the session; tests that stop or kill one start their own."""
-    server = RedisServer(tmp_path_factory.mktemp("redis"))
-    server.start()
-    yield server
-    server.stop()
 
 
 @contextlib.asynccontextmanager
@@ -57,12 +48,3 @@ def quota_store(request: pytest.FixtureRequest) -> StoreFactory:
         return memory_store
     server: RedisServer = request.getfixturevalue("redis_server")
     return redis_store(server)
-
-
-@pytest.fixture
-def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
-    """A redis-server of this test's own, free to be paused, killed and started again."""
-    server = RedisServer(tmp_path / "redis")
-    server.start()
-    yield server
-    server.stop()

@@ -58,11 +58,6 @@ def both(key: str, model: str, tokens: int, day: str = DAY, month: str = MONTH) 
 
 
 @pytest.fixture
-def path(tmp_path: Path) -> Path:
-    return tmp_path / "keys.db"
-
-
-@pytest.fixture
 def journal(path: Path) -> Iterator[SqliteBudgetJournal]:
     opened = SqliteBudgetJournal(path, busy_timeout_s=0.05)
     yield opened

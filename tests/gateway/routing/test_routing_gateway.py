@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -20,16 +19,6 @@ from tests.gateway.conftest import GatewayFactory, eventually
 from tests.gateway.fake_upstream import FakeUpstream
 from tests.gateway.scrape import scrape, settled, value
 from tests.gateway.servers import http_client
-
-
-@pytest.fixture
-def engines() -> Iterator[tuple[FakeUpstream, FakeUpstream]]:
-    pair = (FakeUpstream(), FakeUpstream())
-    for engine in pair:
-        engine.start()
-    yield pair
-    for engine in pair:
-        engine.stop()
 
 
 def both(engines: tuple[FakeUpstream, FakeUpstream]) -> str:

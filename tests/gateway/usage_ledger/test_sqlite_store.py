@@ -21,11 +21,6 @@ from tests.gateway.usage_ledger.test_recorder import DEADLINE_S, NOW, Record
 DAY = "2026-03-01"
 
 
-@pytest.fixture
-def path(tmp_path: Path) -> Path:
-    return tmp_path / "keys.db"
-
-
 @run_async
 async def test_rows_round_trip_and_writers_sharing_the_file_add_up(path: Path) -> None:
     first = SqliteUsageStore(path, now=lambda: NOW)
