@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import sys
 import time
 from collections.abc import Sequence
@@ -15,7 +13,7 @@ from bench.command import run_benchmark
 from bench.gateway_overhead import report
 from bench.gateway_overhead.processes import BenchError
 from bench.gateway_overhead.runner import Plan
-from bench.results_files import RESULTS_DIR
+from bench.results_files import RESULTS_DIR, loadavg, machine
 from bench.routing import router, table
 from bench.routing.overhead import DEFAULT_PATHS, OverheadOptions, check_paths, run_overhead
 from bench.routing.paths import SPECS
@@ -81,23 +79,6 @@ def log(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
-def _machine() -> dict[str, object]:
-    model = platform.processor() or "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {
-        "cpus": os.cpu_count(),
-        "cpu_model": model,
-        "python": platform.python_version(),
-        "loadavg_before": [round(v, 2) for v in os.getloadavg()],
-    }
-
-
 async def run(args: argparse.Namespace, command: Sequence[str]) -> int:
     parts = _names(args.parts)
     if unknown := [p for p in parts if p not in PARTS]:
@@ -118,20 +99,20 @@ async def run(args: argparse.Namespace, command: Sequence[str]) -> int:
     check_paths(paths)
     if unknown := [p for p in cache_paths if p not in SPECS]:
         raise BenchError(f"--cache-paths: unknown {unknown} (choose from {', '.join(SPECS)})")
-    machine = _machine()
+    host = {**machine(), "loadavg_before": loadavg()}
     doc: dict[str, object] = {
         "benchmark": "routing",
         "created": datetime.now(UTC).replace(microsecond=0).isoformat(),
         "command": " ".join(["python -m bench.routing", *command]),
         "router_version": _router_version(),
-        "machine": machine,
+        "machine": host,
     }
     if "overhead" in parts:
         doc["overhead"] = await run_overhead(OverheadOptions(paths=paths, plan=plan), log)
     if "cache" in parts:
         options = CacheOptions(paths=cache_paths, shape=shape, profile=args.engine_profile)
         doc["prefix_cache"] = await run_prefix_cache(options, log)
-    machine["loadavg_after"] = [round(v, 2) for v in os.getloadavg()]
+    host["loadavg_after"] = loadavg()
     cleaned = report.clean(doc)
     assert isinstance(cleaned, dict)
     text = table.markdown(cleaned)

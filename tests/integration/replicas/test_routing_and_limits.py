@@ -77,6 +77,9 @@ def test_requests_per_minute_hold_across_three_replicas(topology: Topology) -> N
     topology.while_redis_answers(check)
 
 
+# Frozen engines (SIGSTOP) see a client's disconnect only when thawed and generate on until
+# then, past what the gateways read: the oracle leaves the freezing tests out.
+@pytest.mark.oracle_exempt
 def test_max_concurrency_holds_across_replicas_and_slots_come_back(topology: Topology) -> None:
     def check() -> None:
         key_id, secret = topology.key("concurrency-across", "--max-concurrency", "3")
@@ -101,6 +104,7 @@ def test_max_concurrency_holds_across_replicas_and_slots_come_back(topology: Top
     topology.while_redis_answers(check)
 
 
+@pytest.mark.oracle_exempt  # freezes the engines (above)
 def test_tokens_per_minute_hold_across_replicas(topology: Topology) -> None:
     body = long_stream()
     # A request books its prompt's estimate plus max_tokens: room for three, not four.
