@@ -87,8 +87,9 @@ class ProxyOutcome:
     upstream_status: int | None = None
     error: GatewayError | None = None
     """The failure the proxy raised (the error boundary answers it)."""
-    open_event: bool = False
-    """A stream failed after relaying part of an event (the error event ends it first)."""
+    open_event: bool = True
+    """A half-sent event may be open, so an error event must end it first; False only when
+    the proxy saw its last relayed chunk end an event (a bug elsewhere leaves it unknown)."""
     client_disconnected: bool = False
     sse: bool = False
     """The response was relayed as a server-sent event stream."""

@@ -6,7 +6,6 @@ against, and the check that Prometheus ingested it."""
 from __future__ import annotations
 
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -118,12 +117,17 @@ def gateway_replica(stack: Stack, workdir: Path) -> Iterator[Replica]:
         wait_until("the second gateway's /healthz", alive, budget_s=60)
         yield Replica(url, f"http://127.0.0.1:{metrics_port}")
     finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop(process)
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, then SIGKILL if it has not exited within 30 s."""
+    process.terminate()
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 def prometheus_config(stack: Stack, gateway_b: Replica) -> str:
@@ -169,12 +173,7 @@ def prometheus(config_text: str, workdir: Path) -> Iterator[PrometheusAPI]:
         wait_until("Prometheus /-/ready", ready)
         yield api
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop(process)
 
 
 def all_targets_up(api: PrometheusAPI, expected: int) -> bool:
