@@ -36,6 +36,11 @@ class HopError(Exception):
 class HopConnectError(HopError):
     """No connection could be opened (refused, unresolvable, timed out)."""
 
+    def __init__(self, message: str, *, timed_out: bool = False) -> None:
+        super().__init__(message)
+        self.timed_out = timed_out
+        """No answer within the connect timeout: the upstream may be only busy."""
+
 
 class HopTimeoutError(HopError, TimeoutError):
     """The upstream sent nothing for longer than the idle timeout."""

@@ -156,7 +156,7 @@ class HopPool:
                     protocol, self._host, self._port, ssl=self._ssl
                 )
         except TimeoutError as exc:
-            raise HopConnectError("connecting to the upstream timed out") from exc
+            raise HopConnectError("connecting to the upstream timed out", timed_out=True) from exc
         except OSError as exc:
             raise HopConnectError(f"cannot connect to the upstream ({exc.strerror})") from exc
         connection.opened_at = loop.time()

@@ -175,7 +175,7 @@ class Proxy:
                     )
                 except UPSTREAM_FAILURES as exc:
                     if isinstance(exc, HopConnectError):
-                        router.connect_failed(engine)
+                        router.connect_failed(engine, str(exc), timed_out=exc.timed_out)
                     other = (
                         None
                         if retried

@@ -67,6 +67,7 @@ def build_server(
         # attackers which server to look up.
         server_header=False,
         timeout_graceful_shutdown=settings.graceful_shutdown_s,
+        timeout_keep_alive=settings.keepalive_timeout_s,
     )
     return DrainingServer(config, app=app, drain_delay_s=settings.drain_delay_s)
 

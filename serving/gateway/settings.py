@@ -169,6 +169,11 @@ class GatewaySettings(BaseSettings):
     byte (then 408 and the connection is closed)."""
     body_timeout_s: Annotated[Seconds, FlagAlias("--body-timeout")] = 30.0
     """Time a client has to send a request's whole body once its headers arrived (then 408)."""
+    keepalive_timeout_s: Annotated[int, FlagAlias("--keepalive-timeout")] = Field(default=75, ge=1)
+    """How long an idle client connection is kept open for its next request. Longer than the
+    clients' own pools keep one (aiohttp 15 s, httpx 5 s) and a cloud load balancer's idle
+    timeout (60 s), so a client never sends a request on a connection the gateway is closing
+    (an error a POST is not retried on)."""
     default_max_tokens: int = Field(default=DEFAULT_MAX_TOKENS, ge=1)
     """max_tokens sent upstream when neither the client nor the key sets one (also limited
     by the model's context window when the upstream reports it)."""

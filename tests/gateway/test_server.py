@@ -22,6 +22,7 @@ import pytest
 from serving.gateway.keys import SqliteKeyStore
 from serving.gateway.keys.record import KeySpec
 from serving.gateway.quota import Limits
+from serving.gateway.settings import GatewaySettings
 from tests.gateway.conftest import GatewayFactory, eventually
 from tests.gateway.fake_upstream import FakeUpstream
 from tests.gateway.scrape import key_usage
@@ -66,6 +67,35 @@ def test_slow_body_gets_408_before_quota(
     assert b"request_timeout" in answer
     assert key_usage(strict, record.key_id) == (0, 0, 0, 0)
     assert not upstream.seen(f"{token}:started")
+
+
+def _health_on(sock: socket.socket) -> bytes:
+    sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    answer = b""
+    while not answer.endswith(b'{"status":"ok"}'):
+        chunk = sock.recv(65536)
+        assert chunk, f"closed after {answer!r}"
+        answer += chunk
+    return answer
+
+
+def test_an_idle_connection_is_kept_for_the_keepalive_timeout_then_closed(
+    make_gateway: GatewayFactory,
+) -> None:
+    gateway = make_gateway(keepalive_timeout_s=1)
+    with socket.create_connection(("127.0.0.1", gateway.port), timeout=10) as sock:
+        assert _health_on(sock).startswith(b"HTTP/1.1 200 ")
+        time.sleep(0.5)  # idle, within the timeout: the same connection serves the next one
+        assert _health_on(sock).startswith(b"HTTP/1.1 200 ")
+        answered = time.monotonic()
+        assert sock.recv(1) == b""  # then the gateway closes it, not at uvicorn's 5 s
+        assert 0.9 < time.monotonic() - answered < 4.5
+
+
+def test_the_default_keepalive_outlasts_client_pools_and_load_balancers() -> None:
+    # aiohttp keeps an idle connection 15 s, httpx 5 s, a cloud load balancer 60 s: a
+    # gateway that closed first would race the next request sent on it.
+    assert GatewaySettings.model_fields["keepalive_timeout_s"].default > 60
 
 
 # -- draining (case 12) ----------------------------------------------------------------

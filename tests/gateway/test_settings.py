@@ -51,6 +51,7 @@ GOOD: dict[str, tuple[str, object]] = {
     "retry_after_s": ("3", 3),
     "header_timeout_s": ("2", 2.0),
     "body_timeout_s": ("3", 3.0),
+    "keepalive_timeout_s": ("90", 90),
     "default_max_tokens": ("64", 64),
     "lease_ttl_s": ("120", 120.0),
     "health_interval_s": ("0.25", 0.25),
@@ -103,6 +104,7 @@ BAD: dict[str, str] = {
     "retry_after_s": "1.5",
     "header_timeout_s": "soon",
     "body_timeout_s": "0",
+    "keepalive_timeout_s": "0",
     "default_max_tokens": "0",
     "lease_ttl_s": "-5",
     "health_interval_s": "0",
@@ -134,6 +136,7 @@ LEGACY_FLAGS = {
     "--upstream-connect-timeout": "upstream_connect_timeout_s",
     "--header-timeout": "header_timeout_s",
     "--body-timeout": "body_timeout_s",
+    "--keepalive-timeout": "keepalive_timeout_s",
     "--drain-delay": "drain_delay_s",
     "--graceful-timeout": "graceful_shutdown_s",
 }

@@ -10,9 +10,10 @@ routing over engines).
     router.on_rotation(callback)                   # callback(engines in rotation) on change
 
 Rules:
-- an engine is in the rotation while its last `/health` probe passed (or timed out fewer
-  than `TIMEOUTS_TO_LEAVE` times in a row: a busy vLLM answers slowly) and no connect to it
-  failed since; back in, its prefix memory is dropped (a restarted engine's cache is empty);
+- an engine is in the rotation while its last `/health` probe passed (or probes and connects
+  to it timed out fewer than `TIMEOUTS_TO_LEAVE` times in a row: a busy vLLM answers slowly)
+  and no connect to it was refused since; back in, its prefix memory is dropped (a restarted
+  engine's cache is empty);
 - policies: `least-loaded` (ties in turn), `round-robin`, `affinity` (the engine that served
   the longest prefix, unless it has `overload` more in flight than the least-loaded one);
 - a drained engine leaves the rotation at once and its connections close when its last
@@ -24,12 +25,14 @@ Rules:
 from __future__ import annotations
 
 import itertools
+import logging
 from collections.abc import Callable, Sequence
 from typing import Literal
 
 from serving.gateway.routing.prefix_affinity import PrefixTable
 from serving.gateway.upstream import UpstreamClient
 
+logger = logging.getLogger(__name__)
 Policy = Literal["affinity", "least-loaded", "round-robin"]
 CONNECT_FAILED = "connecting failed"
 NOT_CHECKED = "upstream not checked yet"
@@ -37,7 +40,8 @@ DRAINING = "draining: no longer discovered"
 # Engine ids: the prefix table's name for an engine, never reused in a process (an engine
 # that comes back at the same address is a new engine: its prefix cache is empty).
 _ids = itertools.count()
-# Health probes in a row that must time out before an engine in the rotation leaves it.
+# Health probes and connects in a row that must time out before an engine in the rotation
+# leaves it.
 TIMEOUTS_TO_LEAVE = 3
 
 
@@ -147,7 +151,7 @@ class Router:
     def drain(self, engine: Engine) -> None:
         """An engine no longer discovered: no new request goes to it from now on; the ones
         it is serving finish (`reap` says when its client may close)."""
-        engine.reason = DRAINING
+        _set_reason(engine, DRAINING)
         self.engines = tuple(other for other in self.engines if other is not engine)
         self.draining = (*self.draining, engine)
         self._prefixes.forget_engine(engine.index)
@@ -160,8 +164,16 @@ class Router:
             self.draining = tuple(engine for engine in self.draining if engine.in_flight)
         return done
 
-    def connect_failed(self, engine: Engine) -> None:
-        engine.reason = CONNECT_FAILED
+    def connect_failed(self, engine: Engine, detail: str = "", *, timed_out: bool = False) -> None:
+        """A connect to `engine` failed: refused or unreachable takes it out at once; one that
+        timed out counts as a probe that timed out (a starved host accepts late, and taking
+        the only engine out would turn one slow connect into a 503 for everyone)."""
+        if timed_out:
+            engine.timeouts += 1
+            if engine.reason is None and engine.timeouts < TIMEOUTS_TO_LEAVE:
+                logger.warning("engine %s: %s (%d in a row)", engine.label, detail, engine.timeouts)
+                return
+        _set_reason(engine, CONNECT_FAILED, detail)
         self._count_rotation()
 
     def probed(self, engine: Engine, reason: str | None, *, timed_out: bool = False) -> None:
@@ -180,7 +192,7 @@ class Router:
             engine.timeouts = 0
         if reason is None and engine.reason is not None:
             self._prefixes.forget_engine(engine.index)
-        engine.reason = reason
+        _set_reason(engine, reason)
         self._count_rotation()
 
     def on_rotation(self, callback: Callable[[int], None]) -> None:
@@ -243,3 +255,16 @@ class Router:
         if best is not None:
             self._next = best_index + 1
         return best
+
+
+def _set_reason(engine: Engine, reason: str | None, detail: str = "") -> None:
+    """Every move in or out of the rotation goes through here, so the log tells an operator
+    why a gateway answered 503 (`detail` is for the log only: /readyz shows `reason`)."""
+    before, engine.reason = engine.reason, reason
+    if before is None and reason is not None:
+        why = f"{reason} ({detail})" if detail else reason
+        logger.warning("engine %s left the rotation: %s", engine.label, why)
+    elif before is not None and before is not NOT_CHECKED and reason is None:
+        logger.info("engine %s is back in the rotation", engine.label)
+    elif before is NOT_CHECKED and reason is not None:
+        logger.warning("engine %s is not in the rotation: %s", engine.label, reason)

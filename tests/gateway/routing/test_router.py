@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 
 import pytest
@@ -137,6 +138,27 @@ def test_a_slow_health_probe_takes_an_engine_out_only_when_it_keeps_timing_out()
     assert engine.in_rotation
     routing.probed(engine, "upstream /health answered 503")  # an answer that says so: at once
     assert not engine.in_rotation
+
+
+def test_a_connect_that_times_out_counts_as_a_slow_probe(caplog: pytest.LogCaptureFixture) -> None:
+    """A starved host accepts late: the only engine stays in until timeouts repeat (a refused
+    connect, above, is out at once), and the log says why it left."""
+    routing = router(1)
+    (engine,) = routing.engines
+    detail = "connecting to the upstream timed out"
+    routing.probed(engine, "upstream /health timed out", timed_out=True)
+    for _ in range(TIMEOUTS_TO_LEAVE - 2):
+        routing.connect_failed(engine, detail, timed_out=True)
+        assert routing.choose() is engine
+    with caplog.at_level(logging.INFO, logger="serving.gateway.routing.router"):
+        routing.connect_failed(engine, detail, timed_out=True)
+        assert routing.choose() is None and engine.reason == CONNECT_FAILED
+        routing.probed(engine, None)
+    assert routing.choose() is engine and engine.timeouts == 0
+    assert [r.getMessage() for r in caplog.records if "rotation" in r.getMessage()] == [
+        f"engine {engine.label} left the rotation: connecting failed ({detail})",
+        f"engine {engine.label} is back in the rotation",
+    ]
 
 
 def test_the_rotation_watcher_hears_every_change_in_the_number_of_engines_in_rotation() -> None:
