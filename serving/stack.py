@@ -28,10 +28,13 @@ from typing import TYPE_CHECKING
 from serving.engine.command import (
     DEFAULT_ENGINE_PORT,
     add_metrics_port_argument,
+    hold_stop_signals,
     install_stop_handlers,
     metrics_port,
 )
+from serving.engine.lifeline import with_lifeline
 from serving.engine.load_stats import LoadStats
+from serving.engine.port_check import refuse_taken
 from serving.engine.process import http_ok
 from serving.engine.supervisor import Supervisor
 from serving.errors import ServingError
@@ -144,7 +147,15 @@ def start_gateway(
     if api_key not in split_dev_keys(env.get(DEV_KEY_ENV, "")):
         env[DEV_KEY_ENV] = api_key
     with log_path.open("ab") as log:
-        process = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
+        # Its own session: a signal to the launcher's group reaches the launcher alone, which
+        # stops the gateway (it drains) before vLLM; the lifeline stops it if the launcher dies.
+        process = subprocess.Popen(
+            with_lifeline(argv),
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         if process.poll() is not None:
@@ -226,6 +237,13 @@ def run(args: argparse.Namespace) -> int:
     check_gateway_metrics_port(
         args.gateway_metrics_port, args.port, ports, launchers if launcher_port else []
     )
+    gateway_ports = {args.port: "the gateway's (--port)"}
+    gateway_ports[args.gateway_metrics_port] = "the gateway metrics' (--gateway-metrics-port)"
+    refuse_taken(gateway_ports, host=args.host)
+    refuse_taken(
+        {port: "an engine's (--engine-port + 2i)" for port in ports}
+        | {port: "an engine launcher's (--metrics-port)" for port in launchers if launcher_port}
+    )
     launcher_urls: list[str] = []
     if launcher_port:
         for replica, supervisor in enumerate(supervisors):
@@ -294,6 +312,7 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print("\nstopping gateway and vLLM ...", file=sys.stderr)
     finally:
+        hold_stop_signals()
         if gateway is not None:
             _stop_gateway(gateway)
         for supervisor in supervisors:

@@ -103,18 +103,39 @@ def metrics_port(args: argparse.Namespace, engine_port: int) -> int:
     return port
 
 
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
 def install_stop_handlers() -> None:
-    """SIGTERM and SIGINT both unwind as KeyboardInterrupt, so `finally` stops the engine."""
+    """SIGTERM, SIGINT and SIGHUP (a closed terminal, a dropped ssh session) all unwind as
+    KeyboardInterrupt, so `finally` stops the children in order; the first one only: a
+    second signal (a supervisor's group kill, an impatient Ctrl-C) must not interrupt that
+    shutdown half way and leave vLLM behind."""
 
     def handler(signum: int, frame: FrameType | None) -> None:
+        hold_stop_signals()
+        print(f"\n{signal.Signals(signum).name} received", file=sys.stderr)
         raise KeyboardInterrupt
 
-    signal.signal(signal.SIGTERM, handler)
-    signal.signal(signal.SIGINT, handler)
+    for stop in STOP_SIGNALS:
+        signal.signal(stop, handler)
+
+
+def hold_stop_signals() -> None:
+    """From now on a stop signal is only noted: the shutdown under way finishes (called
+    first thing in the `finally` that stops the children, whatever ended the run)."""
+
+    def stopping(signum: int, frame: FrameType | None) -> None:
+        name = signal.Signals(signum).name
+        print(f"\n{name} received while stopping: still stopping", file=sys.stderr)
+
+    for stop in STOP_SIGNALS:
+        signal.signal(stop, stopping)
 
 
 def run(args: argparse.Namespace) -> int:
     from serving.engine.launch import build_supervisor, describe_command, serve_launcher_metrics
+    from serving.engine.port_check import refuse_taken
     from serving.profiles import load_profile
 
     profile = load_profile(args.profile)
@@ -129,6 +150,11 @@ def run(args: argparse.Namespace) -> int:
         ray_head=ray_head(args, profile),
     )
     launcher_port = metrics_port(args, args.port)
+    taken = {args.port: "the engine's (--port)"}
+    refuse_taken(
+        taken | ({launcher_port: "the launcher's (--metrics-port)"} if launcher_port else {}),
+        host=args.host,
+    )
     if launcher_port:
         serve_launcher_metrics(supervisor, profile, host=args.host, port=launcher_port)
     install_stop_handlers()
@@ -153,5 +179,6 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print("\nstopping vLLM ...", file=sys.stderr)
     finally:
+        hold_stop_signals()
         supervisor.stop()
     return 0

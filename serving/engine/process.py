@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from serving.engine.lifeline import with_lifeline
 from serving.engine.load_stats import LoadMonitor, LoadStats
 from serving.errors import ServingError
 from serving.vllm_flags import EngineCommand
@@ -87,7 +88,7 @@ class EngineProcess:
         log_offset = self._log_handle.tell()
         self.started_at = time.monotonic()
         self.popen = subprocess.Popen(
-            self.command.argv,
+            with_lifeline(self.command.argv),
             env=self.command.full_env(),
             stdin=subprocess.DEVNULL,
             stdout=self._log_handle,

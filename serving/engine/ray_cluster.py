@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from serving.engine.lifeline import with_lifeline
 from serving.errors import ServingError
 
 DEFAULT_PORT = 6379
@@ -125,7 +126,7 @@ class RayNodeProcess:
         self._log = self.log_path.open("ab")
         self._offset = self._log.tell()
         self.popen = subprocess.Popen(
-            ray_start_argv(self.node),
+            with_lifeline(ray_start_argv(self.node)),
             env={**os.environ, **ray_env()},
             stdin=subprocess.DEVNULL,
             stdout=self._log,

@@ -24,6 +24,7 @@ import pytest
 from openai import OpenAI
 from prometheus_client.parser import text_string_to_metric_families
 
+from serving.engine.port_check import refuse_taken
 from serving.engine.process import http_ok
 from tests.ports import free_port
 
@@ -170,10 +171,13 @@ def serving_up(
     profile: str | None = None,
     timeout: float = 900,
     env: dict[str, str] | None = None,
+    stop: signal.Signals = signal.SIGINT,
+    to_group: bool = False,
 ) -> Iterator[Stack]:
     """`serving up` (with `profile`, else the default; `env` added to its environment, e.g.
-    gateway settings) as a user starts it; SIGINT at the end, which also checks that no
-    process of the stack outlives it."""
+    gateway settings) as a user starts it, in a session of its own as under a terminal or a
+    supervisor; `stop` at the end, to its process group when `to_group` (a closed terminal,
+    supervisord's stopasgroup), and then no process of the stack may be left, nor a port."""
     port, engine_port, launcher_port = free_port(), free_port(), free_port()
     metrics_port = free_port()
     output, keys_db = workdir / "serving-up.out", workdir / "keys.db"
@@ -184,7 +188,7 @@ def serving_up(
              "--engine-port", str(engine_port), "--metrics-port", str(launcher_port),
              "--gateway-metrics-port", str(metrics_port), "--keys-db", str(keys_db)],
             env=serving_env(SERVING_API_KEY=TEST_KEY, **(env or {})),
-            stdout=sink, stderr=subprocess.STDOUT, text=True, cwd=REPO,
+            stdout=sink, stderr=subprocess.STDOUT, text=True, cwd=REPO, start_new_session=True,
         )  # fmt: skip
     stack = Stack(f"http://127.0.0.1:{port}", f"http://127.0.0.1:{engine_port}", TEST_KEY,
                   process, output, keys_db, f"http://127.0.0.1:{launcher_port}",
@@ -195,19 +199,25 @@ def serving_up(
         yield stack
     finally:
         children = descendants(process.pid)
-        process.send_signal(signal.SIGINT)
+        if to_group:
+            os.killpg(process.pid, stop)
+        else:
+            process.send_signal(stop)
         try:
             process.wait(timeout=60)
         except subprocess.TimeoutExpired:
             process.kill()
             raise
         _, alive = psutil.wait_procs(children, timeout=30)
-        assert not alive, f"processes left behind by serving up: {alive}"
+        assert not alive, f"processes left behind by serving up after {stop.name}: {alive}"
+        ports = (port, engine_port, launcher_port, metrics_port)
+        refuse_taken(dict.fromkeys(ports, f"after {stop.name}, a stack's"))
 
 
 @pytest.fixture(scope="session")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    with serving_up(tmp_path_factory.mktemp("stack")) as running:
+    # Killed at the end: its children must go with it (serving/engine/lifeline.py).
+    with serving_up(tmp_path_factory.mktemp("stack"), stop=signal.SIGKILL) as running:
         yield running
 
 

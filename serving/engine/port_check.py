@@ -1,0 +1,56 @@
+"""A start never adopts what it did not start: every port the stack will listen on is free,
+or the start is refused, naming the process that holds it.
+
+    refuse_taken({8000: "the gateway's (--port)", 8001: "an engine's (--engine-port)"})
+
+Without it an engine left behind by an earlier start answers the new launcher's health
+checks on its port, and the stack serves through an engine started with another profile.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import socket
+from collections.abc import Mapping
+
+import psutil
+
+from serving.errors import ServingError
+
+
+def refuse_taken(ports: Mapping[int, str], host: str = "127.0.0.1") -> None:
+    """ServingError for the first port in `ports` (port -> whose, for the message) that
+    cannot be bound on `host`."""
+    for port, whose in ports.items():
+        if _taken(host, port):
+            raise ServingError(
+                f"{whose} port {port} is already in use{_owner(port)}; stop it first"
+            )
+
+
+def _taken(host: str, port: int) -> bool:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        # as the servers bind: a port in TIME_WAIT after a clean stop is free
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                return True
+            raise
+    return False
+
+
+def _owner(port: int) -> str:
+    """' by PID n (command line)', when this user may see the listener's process."""
+    with contextlib.suppress(psutil.Error, OSError):
+        for connection in psutil.net_connections(kind="tcp"):
+            listening = connection.status == psutil.CONN_LISTEN
+            if listening and connection.laddr and connection.laddr.port == port:
+                if connection.pid is None:
+                    return " by a process of another user"
+                command = " ".join(psutil.Process(connection.pid).cmdline())
+                return f" by PID {connection.pid} ({command[:200]})"
+    return ""
