@@ -17,9 +17,12 @@ Two things uvicorn does not do by itself:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import signal
+import threading
 import time
+from collections.abc import Iterator
 from types import FrameType
 from typing import Any
 
@@ -86,6 +89,23 @@ class DrainingServer(uvicorn.Server):
             self._drain_until = time.monotonic() + self._drain_delay_s
             return
         super().handle_exit(sig, frame)
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        """uvicorn's (SIGINT, SIGTERM), and SIGHUP (a closed terminal, a dropped ssh session)
+        drains as SIGTERM does instead of killing the gateway mid-request."""
+        if threading.current_thread() is not threading.main_thread():
+            with super().capture_signals():
+                yield
+            return
+        previous = signal.signal(
+            signal.SIGHUP, lambda _, frame: self.handle_exit(signal.SIGTERM, frame)
+        )
+        try:
+            with super().capture_signals():
+                yield
+        finally:
+            signal.signal(signal.SIGHUP, previous)
 
     async def on_tick(self, counter: int) -> bool:
         if self._drain_until is not None and time.monotonic() >= self._drain_until:

@@ -134,8 +134,9 @@ def test_sigterm_fails_readiness_first_and_lets_streams_finish(
     assert sse_events(received[0])[-1] == "[DONE]"
 
 
-def test_real_sigterm_on_serving_gateway(
-    upstream: FakeUpstream, token: str, tmp_path: Path
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGHUP])
+def test_a_real_stop_signal_drains_serving_gateway(
+    upstream: FakeUpstream, token: str, tmp_path: Path, stop: signal.Signals
 ) -> None:
     port, key = closed_port(), "sk-drain-test-key"
     url = f"http://127.0.0.1:{port}"
@@ -149,7 +150,7 @@ def test_real_sigterm_on_serving_gateway(
         received: list[bytes] = []
         streaming = stream_in_background(url, key, token, received)
         assert upstream.wait_for(f"{token}:started", 5)
-        process.send_signal(signal.SIGTERM)
+        process.send_signal(stop)
         assert eventually(lambda: readyz(url) == 503, timeout=2)
         assert process.poll() is None
         upstream.release(token)
