@@ -43,14 +43,26 @@ def _taken(host: str, port: int) -> bool:
     return False
 
 
-def _owner(port: int) -> str:
-    """' by PID n (command line)', when this user may see the listener's process."""
+def listener(port: int) -> int | None:
+    """The PID listening on TCP `port`; None when none, or when this user may not see it."""
     with contextlib.suppress(psutil.Error, OSError):
         for connection in psutil.net_connections(kind="tcp"):
             listening = connection.status == psutil.CONN_LISTEN
             if listening and connection.laddr and connection.laddr.port == port:
-                if connection.pid is None:
-                    return " by a process of another user"
-                command = " ".join(psutil.Process(connection.pid).cmdline())
-                return f" by PID {connection.pid} ({command[:200]})"
-    return ""
+                return connection.pid
+    return None
+
+
+def describe(pid: int) -> str:
+    """'PID n (command line)'."""
+    try:
+        command = " ".join(psutil.Process(pid).cmdline())
+    except psutil.Error:
+        return f"PID {pid}"
+    return f"PID {pid} ({command[:200]})"
+
+
+def _owner(port: int) -> str:
+    """' by PID n (command line)', when this user may see the listener's process."""
+    pid = listener(port)
+    return "" if pid is None else f" by {describe(pid)}"

@@ -21,9 +21,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
+from urllib.parse import urlsplit
+
+import psutil
 
 from serving.engine.lifeline import with_lifeline
 from serving.engine.load_stats import LoadMonitor, LoadStats
+from serving.engine.port_check import describe, listener
 from serving.errors import ServingError
 from serving.vllm_flags import EngineCommand
 
@@ -128,6 +132,7 @@ class EngineProcess:
                     f"{': ' + cause if cause else ''}; log {self.log_path}:\n  {last}"
                 )
             if self.healthy():
+                self._check_owner()
                 seconds = time.monotonic() - self.started_at
                 self.load_stats = self._finish_monitor(seconds)
                 return seconds
@@ -142,6 +147,22 @@ class EngineProcess:
         self.stop()
         raise ServingError(
             f"vLLM did not become healthy within {timeout:.0f}s; see {self.log_path}"
+        )
+
+    def _check_owner(self) -> None:
+        """The server that answered is the one started here, not one left on the port by an
+        earlier start (which would be adopted, serving with whatever profile it had)."""
+        port = urlsplit(self.base_url).port
+        pid = None if port is None else listener(port)
+        if pid is None or self.popen is None or pid == self.popen.pid:
+            return  # not visible to this user: the start's port check is what holds then
+        with contextlib.suppress(psutil.Error):
+            if pid in {child.pid for child in psutil.Process(self.popen.pid).children(True)}:
+                return
+        self.stop()
+        raise ServingError(
+            f"{self.base_url}/health was answered by {describe(pid)}, not by the vLLM started "
+            f"here (PID {self.popen.pid}): stop it first"
         )
 
     def _finish_monitor(self, seconds: float) -> LoadStats | None:

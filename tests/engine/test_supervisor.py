@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import http.server
 import os
 import sys
 import threading
@@ -42,6 +43,34 @@ def test_stop_leaves_no_worker_behind(tmp_path: Path) -> None:
     process.stop(grace=5)
     assert not group_alive(pgid)
     assert "listening" in (tmp_path / "engine.log").read_text()
+
+
+def test_a_health_answer_from_a_process_not_started_here_is_refused(tmp_path: Path) -> None:
+    """An engine left on the port by an earlier start answers /health: the launcher must not
+    take it for the vLLM it started (which is still loading, or failed to bind)."""
+
+    class Healthy(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    stale = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Healthy)
+    threading.Thread(target=stale.serve_forever, daemon=True).start()
+    try:
+        port = stale.server_address[1]
+        loading = EngineCommand(argv=[sys.executable, "-c", "import time; time.sleep(60)"])
+        process = EngineProcess(loading, f"http://127.0.0.1:{port}", tmp_path / "engine.log")
+        process.start()
+        with pytest.raises(ServingError) as refused:
+            process.wait_healthy(timeout=20)
+        assert f"answered by PID {os.getpid()} (" in str(refused.value)
+        assert process.exit_code() is not None  # and what it started was stopped
+    finally:
+        stale.shutdown()
+        stale.server_close()
 
 
 def test_exit_before_healthy_names_the_log(tmp_path: Path) -> None:
