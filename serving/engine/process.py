@@ -175,10 +175,14 @@ class EngineProcess:
         if self.popen is None:
             return
         pgid = self.popen.pid
+        running = self.popen.poll() is None
+        started = time.monotonic()
+        killed = False
         _signal_group(pgid, signal.SIGTERM)
         try:
             self.popen.wait(timeout=grace)
         except subprocess.TimeoutExpired:
+            killed = True
             _signal_group(pgid, signal.SIGKILL)
             self.popen.wait(timeout=10)
         # Workers may outlive the server by a moment; no orphan may survive the stop.
@@ -186,7 +190,13 @@ class EngineProcess:
         while _group_alive(pgid) and time.monotonic() < deadline:
             time.sleep(0.2)
         if _group_alive(pgid):
+            killed = True
             _signal_group(pgid, signal.SIGKILL)
+        if running:  # what an operator reads after a stop: did everything go, and how
+            how = f"SIGKILL after {grace:g} s" if killed else "SIGTERM"
+            seconds = time.monotonic() - started
+            print(f"vLLM (PID {pgid}) and its workers stopped by {how} in {seconds:.1f}s",
+                  file=sys.stderr)  # fmt: skip
         if self._log_handle is not None:
             self._log_handle.close()
             self._log_handle = None

@@ -34,7 +34,7 @@ def group_alive(pgid: int) -> bool:
     return True
 
 
-def test_stop_leaves_no_worker_behind(tmp_path: Path) -> None:
+def test_stop_leaves_no_worker_behind(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     process = fake_process(tmp_path, free_port(), "--worker")
     process.start()
     process.wait_healthy(timeout=20)
@@ -42,6 +42,7 @@ def test_stop_leaves_no_worker_behind(tmp_path: Path) -> None:
     assert pgid is not None and group_alive(pgid)
     process.stop(grace=5)
     assert not group_alive(pgid)
+    assert f"vLLM (PID {pgid}) and its workers stopped by SIGTERM in " in capsys.readouterr().err
     assert "listening" in (tmp_path / "engine.log").read_text()
 
 
