@@ -108,10 +108,11 @@ def wait_serving_up(up: ServingUp) -> None:
 
 
 def stop_serving_up(up: ServingUp) -> tuple[int, list[psutil.Process]]:
-    """SIGINT (Ctrl-C) to `serving up`; its exit code and any process it left behind."""
+    """SIGTERM (a supervisor's stop) to `serving up` alone; its exit code and any process it
+    left behind."""
     process = up.stack.process
     children = descendants(process.pid)
-    process.send_signal(signal.SIGINT)
+    process.send_signal(signal.SIGTERM)
     try:
         code = process.wait(timeout=120)
     except subprocess.TimeoutExpired:

@@ -3,7 +3,7 @@
 A second start on the ports of the running session stack refuses before it loads anything,
 naming the process that holds the port: its gateway, then its vLLM. How the stacks end is
 checked where they stop (`conftest.serving_up`): the session's stack is SIGKILLed, vision's
-gets SIGHUP to its group, the replicas' SIGINT, `make up` SIGINT to its group
+gets SIGHUP to its group, the replicas' (`--replicas 2`) SIGTERM, `make up` SIGINT to its group
 (test_readme_quickstart), supervisord's SIGTERM to the group (test_supervised); each time no
 process and no port is left.
 """

@@ -420,7 +420,7 @@ def test_every_gateway_left_is_idle_after_all_of_it(topology: Topology) -> None:
         assert running_requests(url) == 0
 
 
-def test_sigint_stops_serving_up_and_leaves_no_process_behind(topology: Topology) -> None:
+def test_sigterm_stops_serving_up_and_leaves_no_process_behind(topology: Topology) -> None:
     up = topology.up
     code, alive = stop_serving_up(up)
     assert code == 0, up.stack.output.read_text()[-3000:]
