@@ -19,6 +19,7 @@ from typing import ClassVar
 
 import aiohttp
 
+from serving.gateway.failures import GatewayException
 from serving.gateway.hop_connection import (
     HopConnectError,
     HopError,
@@ -39,12 +40,12 @@ def retry_after_headers(seconds: float) -> RawHeaders:
     return [(b"retry-after", b"%d" % whole), (b"retry-after-ms", b"%d" % millis)]
 
 
-class ClientGone(Exception):
+class ClientGone(GatewayException):
     """The client went away before it was answered (while sending its body, or while its
     request waited for a slot): there is nobody to answer, and the request never ran."""
 
 
-class GatewayError(Exception):
+class GatewayError(GatewayException):
     """A failure reported to the client as `{"error": {message, type, param, code}}`."""
 
     status: ClassVar[int] = 500

@@ -28,10 +28,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from serving.gateway.errors import ClientGone
+from serving.gateway.failures import GatewayException
 from serving.gateway.metrics import DURATION_BUCKETS, Histogram
 
 
-class QueueTimeout(Exception):
+class QueueTimeout(GatewayException):
     """The request waited `FairQueue.timeout_s` without a slot."""
 
 

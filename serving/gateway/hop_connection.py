@@ -25,11 +25,13 @@ from collections.abc import Callable
 
 import httptools
 
+from serving.gateway.failures import GatewayException
+
 # Unread body bytes above this pause the socket; reading resumes once the reader took them.
 HIGH_WATER = 256 * 1024
 
 
-class HopError(Exception):
+class HopError(GatewayException):
     """A failed exchange with the upstream."""
 
 

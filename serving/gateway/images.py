@@ -24,6 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from serving.gateway.failures import GatewayException
+
 if TYPE_CHECKING:
     from serving.gateway.settings import GatewaySettings
 
@@ -51,7 +53,7 @@ OTHER_MEDIA = (
 )
 
 
-class ImageError(ValueError):
+class ImageError(GatewayException, ValueError):
     """An image the gateway cannot accept; the message is shown to the client."""
 
 

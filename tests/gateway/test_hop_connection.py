@@ -147,16 +147,16 @@ def test_chunks_spaced_below_the_idle_timeout_never_time_out() -> None:
 
     async def answer(request: Request, writer: asyncio.StreamWriter) -> None:
         writer.write(chunks[0])
-        for _ in range(8):
-            await asyncio.sleep(0.05)
+        for _ in range(6):  # 1.5 s in all, past the timeout; each gap 0.75 s inside it
+            await asyncio.sleep(0.25)
             writer.write(b"1\r\nx\r\n")
         writer.write(b"0\r\n\r\n")
 
     async def scenario() -> None:
         async with RawUpstream(answer) as upstream:
-            pool = pool_for(upstream.url, idle_timeout_s=0.15)
+            pool = pool_for(upstream.url, idle_timeout_s=1.0)
             response = await pool.request("GET", b"/x", b"")
-            assert await response.read_all() == b"x" * 8
+            assert await response.read_all() == b"x" * 6
             response.close()
 
     asyncio.run(scenario())

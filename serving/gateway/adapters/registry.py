@@ -29,13 +29,14 @@ from pathlib import Path
 from typing import Protocol
 
 from serving.errors import ServingError
+from serving.gateway.failures import GatewayException
 from serving.gateway.keys.redis_store import DEFAULT_NAMESPACE, DEFAULT_TIMEOUT_S
 from serving.gateway.quota.redis_client import RedisClient
 from serving.gateway.quota.redis_connection import RedisError
 from serving.gateway.quota.sqlite_db import connect
 
 
-class AdapterStoreUnavailable(ServingError):
+class AdapterStoreUnavailable(GatewayException, ServingError):
     """The store could not be read or written (Redis down, the file locked)."""
 
 

@@ -51,6 +51,7 @@ from datetime import datetime
 from typing import Any
 
 from serving.errors import ServingError
+from serving.gateway.failures import GatewayException
 from serving.gateway.keys.record import KeyRecord, KeySpec, new_records
 from serving.gateway.keys.store import authenticate_with
 from serving.gateway.quota.redis_client import RedisClient
@@ -65,7 +66,7 @@ DEFAULT_TIMEOUT_S = 2.0
 URL_FORMS = "redis://[:PASSWORD@]HOST[:PORT][/DB], rediss://... or unix://PATH"
 
 
-class KeyStoreUnavailable(ServingError):
+class KeyStoreUnavailable(GatewayException, ServingError):
     """Redis did not answer, or refused; the message holds no password and no key."""
 
 

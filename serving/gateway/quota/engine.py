@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
+from serving.gateway.failures import GatewayException
 from serving.gateway.quota.decision import (
     CONCURRENCY_RETRY_SECONDS,
     Admission,
@@ -41,7 +42,7 @@ DEFAULT_MAX_TOKENS = 4096
 DEFAULT_LEASE_TTL = 600.0
 
 
-class BeyondContext(ValueError):
+class BeyondContext(GatewayException, ValueError):
     """A client's max_tokens (after its key's cap) that the model's context can never hold."""
 
     def __init__(self, requested: int, context_window: int) -> None:

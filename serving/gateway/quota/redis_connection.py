@@ -43,8 +43,10 @@ from typing import Any
 
 import hiredis
 
+from serving.gateway.failures import GatewayException
 
-class RedisError(Exception):
+
+class RedisError(GatewayException):
     """A failed command."""
 
 

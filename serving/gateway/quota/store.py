@@ -22,6 +22,7 @@ import secrets
 from collections.abc import Sequence
 from typing import NamedTuple, Protocol
 
+from serving.gateway.failures import GatewayException
 from serving.gateway.quota.decision import (
     Lease,
     LeaseState,
@@ -91,7 +92,7 @@ class InDoubt(NamedTuple):
     key_id: str
 
 
-class QuotaStoreUnavailable(Exception):
+class QuotaStoreUnavailable(GatewayException):
     """The store could not answer in time. `in_doubt`: set when a reservation may have been
     booked all the same (the caller settles it once the store answers again)."""
 

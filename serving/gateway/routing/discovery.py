@@ -31,6 +31,7 @@ import dns.rdatatype
 import dns.resolver
 
 from serving.gateway.addresses import parse_nameserver
+from serving.gateway.failures import GatewayException
 from serving.gateway.periodic import Periodic
 from serving.gateway.routing.dns_answer import AnswerScreen, own_addresses
 from serving.gateway.routing.router import Engine, Router
@@ -45,7 +46,7 @@ RETRY_S = 2.0
 NAMED = 5
 
 
-class LookupFailed(Exception):
+class LookupFailed(GatewayException):
     """The nameserver gave no answer (the last good one stays)."""
 
 

@@ -27,6 +27,7 @@ from datetime import date
 from typing import Any
 
 from serving.gateway.auth import DEV_KEY_ID
+from serving.gateway.failures import GatewayException
 from serving.gateway.keys.credentials import is_key_id
 from serving.gateway.usage_ledger.days import utc_today
 from serving.gateway.usage_ledger.tally import UsageRow
@@ -46,7 +47,7 @@ Report = dict[str, Any]
 NameOf = Callable[[str], str | None]
 
 
-class ReportQueryError(ValueError):
+class ReportQueryError(GatewayException, ValueError):
     """A bad query; `param` names it (`from`, `to`, `key`), the message does not."""
 
     def __init__(self, param: str, message: str) -> None:
