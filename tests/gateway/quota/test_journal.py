@@ -10,7 +10,6 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -32,6 +31,7 @@ from serving.gateway.quota.journal import BudgetKind, Charge
 from tests.gateway.conftest import eventually
 from tests.gateway.quota.running import run_async
 from tests.gateway.quota.subjects import Subject, utc
+from tests.gateway.sqlite_faults import CommitThenFail, connect_commit_then_fail
 
 KEY = Subject("key_a", Limits(tokens_per_day=1000), {"big": Limits(tokens_per_month=5000)})
 DAY, MONTH = "2024-05-10", "2024-05"
@@ -248,33 +248,12 @@ async def test_a_failed_write_is_counted_logged_and_retried_with_the_same_deltas
     assert any("written again" in message for message in warnings)
 
 
-class CommitThenFail(sqlite3.Connection):
-    """A COMMIT that takes effect and still reports an error, once (as an I/O error late in
-    a commit may)."""
-
-    armed = True
-
-    def execute(self, sql: str, *args: Any) -> sqlite3.Cursor:
-        cursor = super().execute(sql, *args)
-        if sql == "COMMIT" and CommitThenFail.armed:
-            CommitThenFail.armed = False
-            raise sqlite3.OperationalError("disk I/O error (injected after the commit)")
-        return cursor
-
-
 @run_async
 async def test_a_commit_that_failed_after_taking_effect_is_not_applied_twice(
     path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def connect(target: Path, busy_timeout_s: float) -> sqlite3.Connection:
-        conn = sqlite3.connect(
-            target, isolation_level=None, check_same_thread=False, factory=CommitThenFail
-        )
-        conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
-        return conn
-
     monkeypatch.setattr(CommitThenFail, "armed", True)
-    monkeypatch.setattr(journal_module, "connect_wal", connect)
+    monkeypatch.setattr(journal_module, "connect_wal", connect_commit_then_fail)
     journal = SqliteBudgetJournal(path, busy_timeout_s=0.05)
     journal.record(Charge((Scope("key_a"),), DAY, MONTH, 5))
     assert journal.drain(DEADLINE_S)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -16,6 +15,7 @@ from serving.gateway.usage_ledger.recorder import UsageRecorder
 from serving.gateway.usage_ledger.sqlite_store import SqliteUsageStore, read_usage_file
 from serving.gateway.usage_ledger.tally import UsageRow
 from tests.gateway.quota.running import run_async
+from tests.gateway.sqlite_faults import CommitThenFail, connect_commit_then_fail
 from tests.gateway.usage_ledger.test_recorder import DEADLINE_S, NOW, Record
 
 DAY = "2026-03-01"
@@ -106,31 +106,12 @@ async def test_a_failed_transaction_is_rolled_back_and_its_retry_applies_once(pa
     await recorder.close()
 
 
-class CommitThenFail(sqlite3.Connection):
-    """A COMMIT that takes effect and still reports an error, once (as an I/O error late in
-    a commit may)."""
-
-    armed = True
-
-    def execute(self, sql: str, *args: Any) -> sqlite3.Cursor:
-        cursor = super().execute(sql, *args)
-        if sql == "COMMIT" and CommitThenFail.armed:
-            CommitThenFail.armed = False
-            raise sqlite3.OperationalError("disk I/O error (injected after the commit)")
-        return cursor
-
-
 @run_async
 async def test_a_commit_that_failed_after_taking_effect_is_not_applied_twice(
     path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def connect(target: Path, busy_timeout_s: float) -> sqlite3.Connection:
-        return sqlite3.connect(
-            target, isolation_level=None, check_same_thread=False, factory=CommitThenFail
-        )
-
     monkeypatch.setattr(CommitThenFail, "armed", False)  # not while creating the tables
-    monkeypatch.setattr(sqlite_store, "connect_wal", connect)
+    monkeypatch.setattr(sqlite_store, "connect_wal", connect_commit_then_fail)
     store = SqliteUsageStore(path, now=lambda: NOW)
     recorder = UsageRecorder(store, interval_s=0.01, now=lambda: NOW)
     monkeypatch.setattr(CommitThenFail, "armed", True)
