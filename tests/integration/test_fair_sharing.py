@@ -77,13 +77,23 @@ def flood(url: str, secret: str, streams: int) -> Iterator[None]:
 
             await asyncio.gather(*(one_after_another() for _ in range(streams)))
 
-    thread = threading.Thread(target=asyncio.run, args=(keep_going(),), daemon=True)
+    failures: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            asyncio.run(keep_going())
+        except BaseException as exc:  # reported in the test's own thread, below
+            failures.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
     thread.start()
     try:
         yield
     finally:
         stop.set()
         thread.join(120)
+    if failures:
+        raise AssertionError(f"the flood's client failed: {failures[0]!r}") from failures[0]
 
 
 def time_to_first_token(url: str, secret: str) -> float:
