@@ -25,7 +25,7 @@ def refuse_taken(ports: Mapping[int, str], host: str = "127.0.0.1") -> None:
     for port, whose in ports.items():
         if _taken(host, port):
             raise ServingError(
-                f"{whose} port {port} is already in use{_owner(port)}; stop it first"
+                f"{whose} port {port} is already in use{_owner(port, host)}; stop it first"
             )
 
 
@@ -43,12 +43,19 @@ def _taken(host: str, port: int) -> bool:
     return False
 
 
-def listener(port: int) -> int | None:
-    """The PID listening on TCP `port`; None when none, or when this user may not see it."""
+_ANY = frozenset({"0.0.0.0", "::"})
+
+
+def listener(port: int, host: str | None = None) -> int | None:
+    """The PID listening on TCP `port` (on `host`, or on every address; any address when
+    `host` is None); None when none, or when this user may not see it. Two engines may listen
+    on one port at two addresses (127.0.0.1 and 127.0.0.2): the address tells them apart."""
     with contextlib.suppress(psutil.Error, OSError):
         for connection in psutil.net_connections(kind="tcp"):
-            listening = connection.status == psutil.CONN_LISTEN
-            if listening and connection.laddr and connection.laddr.port == port:
+            address = connection.laddr
+            if connection.status != psutil.CONN_LISTEN or not address or address.port != port:
+                continue
+            if host is None or address.ip == host or address.ip in _ANY:
                 return connection.pid
     return None
 
@@ -62,7 +69,7 @@ def describe(pid: int) -> str:
     return f"PID {pid} ({command[:200]})"
 
 
-def _owner(port: int) -> str:
+def _owner(port: int, host: str) -> str:
     """' by PID n (command line)', when this user may see the listener's process."""
-    pid = listener(port)
+    pid = listener(port, None if host in _ANY else host)
     return "" if pid is None else f" by {describe(pid)}"

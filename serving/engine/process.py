@@ -152,8 +152,8 @@ class EngineProcess:
     def _check_owner(self) -> None:
         """The server that answered is the one started here, not one left on the port by an
         earlier start (which would be adopted, serving with whatever profile it had)."""
-        port = urlsplit(self.base_url).port
-        pid = None if port is None else listener(port)
+        address = urlsplit(self.base_url)
+        pid = None if address.port is None else listener(address.port, address.hostname)
         if pid is None or self.popen is None or pid == self.popen.pid:
             return  # not visible to this user: the start's port check is what holds then
         with contextlib.suppress(psutil.Error):

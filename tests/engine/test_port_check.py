@@ -7,7 +7,7 @@ import socket
 
 import pytest
 
-from serving.engine.port_check import refuse_taken
+from serving.engine.port_check import listener, refuse_taken
 from serving.errors import ServingError
 from tests.ports import free_port
 
@@ -29,3 +29,14 @@ def test_a_port_held_by_a_listener_is_refused_with_its_pid_and_command_line() ->
 
 def test_free_ports_pass() -> None:
     refuse_taken({free_port(): "the gateway's (--port)", free_port(): "an engine's"})
+
+
+def test_a_listener_on_another_address_of_the_same_port_is_not_the_owner() -> None:
+    """Engine discovery's test runs two engines on one port, at 127.0.0.1 and 127.0.0.2."""
+    with socket.socket() as other:
+        other.bind(("127.0.0.2", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        assert listener(port, "127.0.0.1") is None
+        assert listener(port, "127.0.0.2") == os.getpid()
+        assert listener(port) == os.getpid()
