@@ -150,11 +150,10 @@ def run(args: argparse.Namespace) -> int:
         ray_head=ray_head(args, profile),
     )
     launcher_port = metrics_port(args, args.port)
-    taken = {args.port: "the engine's (--port)"}
-    refuse_taken(
-        taken | ({launcher_port: "the launcher's (--metrics-port)"} if launcher_port else {}),
-        host=args.host,
-    )
+    ports = {args.port: "the engine's (--port)"}
+    if launcher_port:
+        ports[launcher_port] = "the launcher's (--metrics-port)"
+    refuse_taken(ports, host=args.host)
     if launcher_port:
         serve_launcher_metrics(supervisor, profile, host=args.host, port=launcher_port)
     install_stop_handlers()

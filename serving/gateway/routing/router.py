@@ -168,11 +168,9 @@ class Router:
         """A connect to `engine` failed: refused or unreachable takes it out at once; one that
         timed out counts as a probe that timed out (a starved host accepts late, and taking
         the only engine out would turn one slow connect into a 503 for everyone)."""
-        if timed_out:
-            engine.timeouts += 1
-            if engine.reason is None and engine.timeouts < TIMEOUTS_TO_LEAVE:
-                logger.warning("engine %s: %s (%d in a row)", engine.label, detail, engine.timeouts)
-                return
+        if timed_out and _rides_out_a_timeout(engine):
+            logger.warning("engine %s: %s (%d in a row)", engine.label, detail, engine.timeouts)
+            return
         _set_reason(engine, CONNECT_FAILED, detail)
         self._count_rotation()
 
@@ -185,8 +183,7 @@ class Router:
         if engine.reason is DRAINING:
             return
         if timed_out:
-            engine.timeouts += 1
-            if engine.reason is None and engine.timeouts < TIMEOUTS_TO_LEAVE:
+            if _rides_out_a_timeout(engine):
                 return
         else:
             engine.timeouts = 0
@@ -255,6 +252,13 @@ class Router:
         if best is not None:
             self._next = best_index + 1
         return best
+
+
+def _rides_out_a_timeout(engine: Engine) -> bool:
+    """Count one more probe or connect that timed out; True while an engine in the rotation
+    stays in (fewer than `TIMEOUTS_TO_LEAVE` in a row)."""
+    engine.timeouts += 1
+    return engine.reason is None and engine.timeouts < TIMEOUTS_TO_LEAVE
 
 
 def _set_reason(engine: Engine, reason: str | None, detail: str = "") -> None:
