@@ -179,11 +179,17 @@ def eight_slot_gateway(
 
 @contextmanager
 def slot_held(stack: Stack, url: str, secret: str) -> Iterator[float]:
-    """The gateway's eight slots taken by a stream nobody reads (a slot per sequence): n=8 x
-    1800 tokens of SSE (megabytes) into a 4 KiB window block the relay, so the slots stay
-    taken while the socket is open. Yields vLLM's prompt token count once that request runs."""
+    """The gateway's eight slots taken by a stream nobody reads (a slot per sequence), so the
+    slots stay taken while the socket is open. Yields vLLM's prompt token count once that
+    request runs.
+
+    vLLM merges the deltas a lagging reader has not taken into one event, so the text of
+    n=8 x 1800 tokens shrinks to a few events that fit the kernel's socket buffers (up to
+    4 MiB): the stream then ended about 20 s in, with the slots free. Twenty top logprobs per
+    token cannot merge away (about 17 MB), so the relay stays blocked on the 4 KiB window."""
     generated = total(scrape(stack.engine_url), "vllm:generation_tokens_total")
-    holder = raw_request(url, secret, {**chat(1800), "n": 8}, rcvbuf=4096)
+    body = {**chat(1800), "n": 8, "logprobs": True, "top_logprobs": 20}
+    holder = raw_request(url, secret, body, rcvbuf=4096)
     try:
         eventually(lambda: total(scrape(url), "gateway_queue_running") == 8, budget_s=60)
         # its prompt is in vLLM's count once it generates
