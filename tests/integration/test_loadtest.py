@@ -84,31 +84,31 @@ def test_locust_run_through_the_gateway_matches_the_engine_counters(
 
 
 # What the medians of our harness and vLLM's benchmark client are held to. On quiet rounds (no
-# client's middle rounds spread wider than 10%) the claim itself: within 10%. Five rounds of
-# 64 prompts a client (about 15 s a round on the AVX2 2-core machine, 3 minutes in all): with
-# five, one round moved by the machine is left out of the spread and cannot move the median
+# client's middle rounds spread wider than 10%) the claim itself: within 10%. Five rounds of 64
+# prompts a client (about 15 s a round on the AVX2 2-core machine, 3 minutes in all): with five, one
+# round moved by the machine is left out of the spread and cannot move the median
 # (docs/load-testing.md, cross-check); there, every run was quiet and agreed within 6%. On a 2-core
-# machine whose engine ran 2.5x faster, its API server and the clients competed for the cores
-# and every run was INCONCLUSIVE (middle rounds spread 24-56%), so there only what no run
-# moved is held: the throughput ratio (0.79-0.96) and the engine's own mean TTFT under each
-# client (0.93-1.11: both clients put the same load on the engine), with a margin. The
-# clients' own mean TTFT ratio ranged 0.51-1.53 there: time spent waiting for a core outside
-# the engine, not a property of either harness; it is held only to the same order (a unit or
-# a clock mistake would be 1000x). On the AVX-512 machine (2026-12-04) vLLM's client itself
-# waited 5-7x the engine's own first-token time in three runs (its rounds 27-462 ms, the
-# engine's 15-28 ms under both clients, ours 29-169 ms; ratios 0.26, 0.80, 0.32): there its
-# median measures its own waiting, not the engine. So each client is first held to the engine's
-# count under it: ours always (no sooner than the engine made the token, per round and so for
-# the medians; no later than 20x that: a stalled machine adds time outside the engine, 6.6x in
-# one run here, a unit or clock mistake would be 1000x), and the two clients' ratio only when
-# vLLM's median is within TRACKS_ENGINE times the engine's under it. CI on 2026-12-05 then
-# stalled inside our client: three of its five rounds ran at 555-562 tok/s, two at 875-879,
-# while the engine under those slow rounds was faster than ever (its TTFT 13 ms, vLLM's
-# client's rounds 18.7); the throughput ratio of the medians came out 0.595 and the engine
-# TTFT ratio 0.705. So on a noisy run the ratios are held only to the same order (a unit or
-# a clock mistake is 1000x), and the test checks from the rounds themselves that the
-# machine, not the harness, made the run noisy: some judged metric's middle rounds do spread
-# wider than the tolerance.
+# machine whose engine ran 2.5x faster, its API server and the clients competed for the cores and
+# every run was INCONCLUSIVE (middle rounds spread 24-56%), so there only what no run moved is held:
+# the throughput ratio (0.79-0.96) and the engine's own mean TTFT under each client (0.93-1.11: both
+# clients put the same load on the engine), with a margin. The clients' own mean TTFT ratio ranged
+# 0.51-1.53 there: time spent waiting for a core outside the engine, not a property of either
+# harness; it is held only to the same order (a unit or a clock mistake would be 1000x). On the
+# AVX-512 machine (2026-12-04) vLLM's client itself waited 5-7x the engine's own first-token time in
+# three runs (its rounds 27-462 ms, the engine's 15-28 ms under both clients, ours 29-169 ms; ratios
+# 0.26, 0.80, 0.32): there its median measures its own waiting, not the engine. The same happened to
+# ours in a clean-clone run here (2026-12-06): four of its five rounds at 130-222 ms against the
+# engine's 13-18 ms under them, vLLM's at 26-39 ms, a ratio of 4.6. So each client is first held to
+# the engine's count under it: ours always (no sooner than the engine made the token, per round and
+# so for the medians; no later than 20x that: a stalled machine adds time outside the engine, 9.4x
+# in that run, a unit or clock mistake would be 1000x), and the two clients' ratio only when both
+# medians are within TRACKS_ENGINE times the engine's under them. CI on 2026-12-05 then stalled
+# inside our client: three of its five rounds ran at 555-562 tok/s, two at 875-879, while the engine
+# under those slow rounds was faster than ever (its TTFT 13 ms, vLLM's client's rounds 18.7); the
+# throughput ratio of the medians came out 0.595 and the engine TTFT ratio 0.705. So on a noisy run
+# the ratios are held only to the same order (a unit or a clock mistake is 1000x), and the test
+# checks from the rounds themselves that the machine, not the harness, made the run noisy: some
+# judged metric's middle rounds do spread wider than the tolerance.
 QUIET = 0.10
 BUSY_RATIO = (0.33, 3.0)
 TRACKS_ENGINE = 3.0
@@ -153,7 +153,7 @@ def test_crosscheck_medians_agree_with_vllm_bench(stack: Stack, tmp_path: Path) 
             assert BUSY_RATIO[0] < held["ratio"] < BUSY_RATIO[1], comparisons
         ours, under_ours = ttft["ours"]["median"], engine["ours"]["median"]
         assert under_ours <= ours <= 20 * under_ours, comparisons
-        if ttft["vllm"]["median"] <= TRACKS_ENGINE * engine["vllm"]["median"]:
+        if all(ttft[c]["median"] <= TRACKS_ENGINE * engine[c]["median"] for c in ("ours", "vllm")):
             assert BUSY_RATIO[0] < ttft["ratio"] < BUSY_RATIO[1], comparisons
     else:
         assert abs(throughput["ratio"] - 1) <= QUIET and abs(ttft["ratio"] - 1) <= QUIET
