@@ -29,8 +29,9 @@ venv: $(STAMP)
 # Prometheus (Debian's `prometheus`: `promtool` checks and tests the rules, `prometheus` is
 # `make monitor`), Redis (Debian's `redis-server`: the gateway's shared quota store, which the
 # tests start on a port of their own), dnsmasq (Debian's `dnsmasq-base`, the binary alone: the
-# DNS server the engine-discovery tests point the gateway at). apt-get runs only when one is
-# missing; no recommends (node-exporter).
+# DNS server the engine-discovery tests point the gateway at), supervisor (Debian's, as
+# docs/getting-started.md runs the stack under it). apt-get runs only when one is missing; no
+# recommends (node-exporter).
 SYSTEM_STAMP := $(VENV)/.system-deps
 system-deps: $(SYSTEM_STAMP)
 $(SYSTEM_STAMP): Makefile | $(STAMP)
@@ -39,6 +40,7 @@ $(SYSTEM_STAMP): Makefile | $(STAMP)
 	  command -v promtool >/dev/null || missing="$$missing prometheus"; \
 	  command -v redis-server >/dev/null || missing="$$missing redis-server"; \
 	  command -v dnsmasq >/dev/null || test -x /usr/sbin/dnsmasq || missing="$$missing dnsmasq-base"; \
+	  test -x /usr/bin/supervisord || missing="$$missing supervisor"; \
 	  test -z "$$missing" || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
 	    apt-get install -y -qq --no-install-recommends $$missing >/dev/null; }
 	@touch $@

@@ -3,14 +3,15 @@
 the stack and no port behind, and the log says how it stopped.
 
 The program section is read from the page itself (the checkout's path and free ports put in),
-so the page shows what was tested.
+so the page shows what was tested, and runs under Debian's `supervisor` package (what the page
+tells users to install; `make system-deps` installs it).
 """
 
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -30,6 +31,13 @@ PLACEHOLDER = "/srv/qwen-serving"
 START_S = 900
 
 
+def debian_binary(name: str) -> str:
+    """Debian's supervisord or supervisorctl, never a copy from PyPI in the venv."""
+    path = shutil.which(name, path="/usr/bin")
+    assert path, f"/usr/bin/{name} is missing: `make system-deps` installs Debian's supervisor"
+    return path
+
+
 def program_section() -> str:
     """The page's supervisord program section."""
     blocks: list[str] = re.findall(r"```ini\n(.*?)```", PAGE.read_text(encoding="utf-8"), re.DOTALL)
@@ -46,7 +54,7 @@ class Supervised:
     url: str
 
     def ctl(self, *args: str) -> str:
-        argv = [sys.executable, "-m", "supervisor.supervisorctl", "-c", str(self.conf), *args]
+        argv = [debian_binary("supervisorctl"), "-c", str(self.conf), *args]
         done = subprocess.run(argv, capture_output=True, text=True, timeout=180)
         return done.stdout + done.stderr
 
@@ -70,7 +78,7 @@ def supervised(tmp_path: Path) -> Iterator[Supervised]:
         f"{program}stdout_logfile={log}\n"
     )
     daemon = subprocess.Popen(
-        [sys.executable, "-m", "supervisor.supervisord", "-c", str(conf)],
+        [debian_binary("supervisord"), "-c", str(conf)],
         env=serving_env(SERVING_API_KEY=TEST_KEY), cwd=tmp_path,
         stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True,
     )  # fmt: skip
