@@ -35,17 +35,21 @@ from serving.engine.command import (
 from serving.engine.lifeline import with_lifeline
 from serving.engine.load_stats import LoadStats
 from serving.engine.port_check import refuse_taken
-from serving.engine.process import http_ok
+from serving.engine.process import http_ok, terminate
 from serving.engine.supervisor import Supervisor
 from serving.errors import ServingError
-from serving.gateway.settings import API_KEY_ENV, flag_name, split_dev_keys
+from serving.gateway.settings import API_KEY_ENV, GatewaySettings, flag_name, split_dev_keys
 from serving.paths import dev_api_key_path, keys_db_path, logs_dir
 from serving.ports import GATEWAY_METRICS_PORT, GATEWAY_PORT
 
 if TYPE_CHECKING:
+    from serving.engine.launcher_metrics import LauncherMetrics
     from serving.profiles.model import Profile
 
 DEV_KEY_ENV = API_KEY_ENV
+# The gateway drains its streams for up to --graceful-timeout after SIGTERM; it is killed only
+# if it is still there well after that.
+GATEWAY_STOP_S = GatewaySettings.model_fields["graceful_shutdown_s"].default + 10.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -205,23 +209,19 @@ Ctrl-C stops the gateway and the engine.
 """
 
 
-def _stop_gateway(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
 def run(args: argparse.Namespace) -> int:
     from serving.engine.launch import build_supervisor, serve_launcher_metrics
     from serving.profiles import load_profile
 
     profile = load_profile(args.profile)
     api_key = dev_api_key()
-    install_stop_handlers()
+    launcher_metrics: list[LauncherMetrics] = []
+
+    def record_stop_signal(name: str) -> None:
+        for metrics in launcher_metrics:
+            metrics.record_stop_signal(name)
+
+    install_stop_handlers(record_stop_signal)
     ports = [args.engine_port + 2 * replica for replica in range(args.replicas)]
     supervisors = [
         build_supervisor(
@@ -248,7 +248,9 @@ def run(args: argparse.Namespace) -> int:
     if launcher_port:
         for replica, supervisor in enumerate(supervisors):
             port = launcher_port + 2 * replica
-            serve_launcher_metrics(supervisor, profile, host="127.0.0.1", port=port)
+            launcher_metrics.append(
+                serve_launcher_metrics(supervisor, profile, host="127.0.0.1", port=port)
+            )
             launcher_urls.append(f"http://127.0.0.1:{port}/metrics")
     gateway: subprocess.Popen[bytes] | None = None
     watch_error: list[BaseException] = []
@@ -314,7 +316,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         hold_stop_signals()
         if gateway is not None:
-            _stop_gateway(gateway)
+            terminate(gateway, GATEWAY_STOP_S)
         for supervisor in supervisors:
             supervisor.stop()
     return 0

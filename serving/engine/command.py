@@ -6,6 +6,7 @@ import argparse
 import os
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
@@ -106,15 +107,18 @@ def metrics_port(args: argparse.Namespace, engine_port: int) -> int:
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
-def install_stop_handlers() -> None:
+def install_stop_handlers(on_signal: Callable[[str], None] | None = None) -> None:
     """SIGTERM, SIGINT and SIGHUP (a closed terminal, a dropped ssh session) all unwind as
     KeyboardInterrupt, so `finally` stops the children in order; the first one only: a
     second signal (a supervisor's group kill, an impatient Ctrl-C) must not interrupt that
-    shutdown half way and leave vLLM behind."""
+    shutdown half way and leave vLLM behind. `on_signal` gets the first one's name."""
 
     def handler(signum: int, frame: FrameType | None) -> None:
         hold_stop_signals()
-        print(f"\n{signal.Signals(signum).name} received", file=sys.stderr)
+        name = signal.Signals(signum).name
+        print(f"\n{name} received", file=sys.stderr)
+        if on_signal is not None:
+            on_signal(name)
         raise KeyboardInterrupt
 
     for stop in STOP_SIGNALS:
@@ -154,9 +158,10 @@ def run(args: argparse.Namespace) -> int:
     if launcher_port:
         ports[launcher_port] = "the launcher's (--metrics-port)"
     refuse_taken(ports, host=args.host)
+    metrics = None
     if launcher_port:
-        serve_launcher_metrics(supervisor, profile, host=args.host, port=launcher_port)
-    install_stop_handlers()
+        metrics = serve_launcher_metrics(supervisor, profile, host=args.host, port=launcher_port)
+    install_stop_handlers(None if metrics is None else metrics.record_stop_signal)
     try:
         seconds = supervisor.start()
         current = supervisor.current

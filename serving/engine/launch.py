@@ -54,6 +54,7 @@ def build_supervisor(
             base_url=f"http://{host}:{port}",
             log_path=log_path,
             ranks=profile.tensor_parallel_size * profile.pipeline_parallel_size,
+            engine_core_on_workers=profile.device == "cpu",
         )
 
     return Supervisor(
@@ -67,7 +68,8 @@ def build_supervisor(
 def serve_launcher_metrics(
     supervisor: Supervisor, profile: Profile, *, host: str, port: int
 ) -> LauncherMetrics:
-    """Export each (re)start's load time and memory on http://host:port/metrics."""
+    """Export each (re)start's load time and memory, and how the server stopped, on
+    http://host:port/metrics."""
     metrics = LauncherMetrics(profile.name, profile.served_model_name)
     metrics.serve(host, port)
 
@@ -76,4 +78,5 @@ def serve_launcher_metrics(
             metrics.record_start(process.load_stats, restart=restart)
 
     supervisor.on_started = record
+    supervisor.on_stopped = metrics.record_stop
     return metrics

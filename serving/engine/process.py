@@ -25,6 +25,7 @@ from urllib.parse import urlsplit
 
 import psutil
 
+from serving.engine.core_affinity import pin_engine_core
 from serving.engine.lifeline import with_lifeline
 from serving.engine.load_stats import LoadMonitor, LoadStats
 from serving.engine.port_check import describe, listener
@@ -53,6 +54,17 @@ def http_ok(url: str, timeout: float = 2.0) -> bool:
         return False
 
 
+def terminate(process: subprocess.Popen[bytes], grace_s: float) -> None:
+    """SIGTERM one process (the gateway), SIGKILL it if it has not exited within `grace_s`."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
 def tail_lines(path: Path, count: int = 15) -> list[str]:
     if not path.exists():
         return []
@@ -70,6 +82,15 @@ def root_cause(path: Path, scan: int = 400) -> str:
     return chosen[-1][:300] if chosen else ""
 
 
+@dataclass(frozen=True)
+class Stopped:
+    """How a running server stopped: `killed` when SIGTERM did not end every process of its
+    group within the grace period and SIGKILL did."""
+
+    killed: bool
+    seconds: float
+
+
 @dataclass
 class EngineProcess:
     """A started vLLM server; `base_url` is where its OpenAI API listens."""
@@ -78,6 +99,8 @@ class EngineProcess:
     base_url: str
     log_path: Path
     ranks: int = 1  # tensor-parallel workers: each logs its own weight loading
+    # The CPU build: once healthy, its EngineCore moves onto its workers' cores (core_affinity)
+    engine_core_on_workers: bool = False
     popen: subprocess.Popen[bytes] | None = None
     started_at: float = 0.0
     load_stats: LoadStats | None = None  # set once the server is healthy
@@ -133,6 +156,10 @@ class EngineProcess:
                 )
             if self.healthy():
                 self._check_owner()
+                if self.engine_core_on_workers and self.popen is not None:
+                    pinned = pin_engine_core(self.popen.pid)
+                    if pinned:
+                        print(pinned, file=sys.stderr)
                 seconds = time.monotonic() - self.started_at
                 self.load_stats = self._finish_monitor(seconds)
                 return seconds
@@ -169,11 +196,12 @@ class EngineProcess:
         monitor, self._monitor = self._monitor, None
         return None if monitor is None else monitor.finish(seconds)
 
-    def stop(self, grace: float = 20.0) -> None:
-        """SIGTERM the whole process group, SIGKILL what is left after `grace` seconds."""
+    def stop(self, grace: float = 20.0) -> Stopped | None:
+        """SIGTERM the whole process group, SIGKILL what is left after `grace` seconds; how
+        it went, or None when the server was not running."""
         self._finish_monitor(0.0)
         if self.popen is None:
-            return
+            return None
         pgid = self.popen.pid
         running = self.popen.poll() is None
         started = time.monotonic()
@@ -192,14 +220,15 @@ class EngineProcess:
         if _group_alive(pgid):
             killed = True
             _signal_group(pgid, signal.SIGKILL)
-        if running:  # what an operator reads after a stop: did everything go, and how
+        stopped = Stopped(killed, time.monotonic() - started) if running else None
+        if stopped is not None:  # what an operator reads after a stop: did everything go, how
             how = f"SIGKILL after {grace:g} s" if killed else "SIGTERM"
-            seconds = time.monotonic() - started
-            print(f"vLLM (PID {pgid}) and its workers stopped by {how} in {seconds:.1f}s",
+            print(f"vLLM (PID {pgid}) and its workers stopped by {how} in {stopped.seconds:.1f}s",
                   file=sys.stderr)  # fmt: skip
         if self._log_handle is not None:
             self._log_handle.close()
             self._log_handle = None
+        return stopped
 
 
 def _signal_group(pgid: int, signum: signal.Signals) -> None:

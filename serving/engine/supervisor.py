@@ -13,7 +13,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from serving.engine.process import EngineProcess, ProgressFn, tail_lines
+from serving.engine.process import EngineProcess, ProgressFn, Stopped, tail_lines
 from serving.errors import ServingError
 
 
@@ -40,6 +40,8 @@ class Supervisor:
     on_started: Callable[[EngineProcess, bool], None] | None = None
     # Called once `stop()` has stopped the server: what the server ran on (a Ray head) goes.
     on_stop: Callable[[], None] | None = None
+    # Called with how the running server went when `stop()` stopped it.
+    on_stopped: Callable[[Stopped], None] | None = None
     current: EngineProcess | None = None
     restarts: int = 0
     _stopping: threading.Event = field(default_factory=threading.Event)
@@ -67,8 +69,9 @@ class Supervisor:
 
     def stop(self) -> None:
         self._stopping.set()
-        if self.current is not None:
-            self.current.stop()
+        stopped = None if self.current is None else self.current.stop()
+        if stopped is not None and self.on_stopped is not None:
+            self.on_stopped(stopped)
         if self.on_stop is not None:
             self.on_stop()
 

@@ -1,15 +1,17 @@
 """A stand-in for a vLLM server process in supervisor tests (crashes on demand).
 
-Usage: fake_engine.py PORT [--die-after SECONDS] [--worker] [--load-mib N]
+Usage: fake_engine.py PORT [--die-after SECONDS] [--worker] [--load-mib N] [--ignore-term]
 Serves GET /health; GET /crash makes it exit with code 3. --worker starts a child process in
 the same process group, the way vLLM starts its engine core and TP workers. --load-mib makes
 that worker hold N MiB and then log vLLM's "Loading weights took" line before /health answers.
+--ignore-term: SIGTERM does nothing (a server hung in its shutdown).
 """
 
 from __future__ import annotations
 
 import http.server
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -31,6 +33,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
 
 def main() -> None:
     port = int(sys.argv[1])
+    if "--ignore-term" in sys.argv:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if "--worker" in sys.argv:
         load_mib = (
             int(sys.argv[sys.argv.index("--load-mib") + 1]) if "--load-mib" in sys.argv else 0

@@ -33,7 +33,7 @@ STOPPABLE = textwrap.dedent(
     """
     import time
     from serving.engine.command import hold_stop_signals, install_stop_handlers
-    install_stop_handlers()
+    install_stop_handlers(lambda name: print("noted", name, flush=True))
     try:
         print("ready", flush=True)
         time.sleep(60)
@@ -58,6 +58,7 @@ def test_every_stop_signal_stops_in_order_and_a_second_one_does_not_cut_the_clea
     assert process.stdout is not None
     assert process.stdout.readline() == "ready\n"
     process.send_signal(first)
+    assert process.stdout.readline() == f"noted {first.name}\n"  # for the launcher's metrics
     assert process.stdout.readline() == "interrupted\n"
     assert process.stdout.readline() == "cleaning\n"
     process.send_signal(signal.SIGTERM)

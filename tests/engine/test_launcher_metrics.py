@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from serving.engine.launch import serve_launcher_metrics
 from serving.engine.launcher_metrics import LauncherMetrics
 from serving.engine.load_stats import LoadStats
-from serving.engine.process import EngineProcess
+from serving.engine.process import EngineProcess, Stopped
 from serving.engine.supervisor import RestartPolicy, Supervisor
 from serving.errors import ServingError
 from serving.profiles import load_profile
@@ -48,6 +48,37 @@ def test_each_start_is_exported_and_restarts_are_counted() -> None:
     assert values["serving_engine_model_load_seconds"] == 30.0  # unknown: the last known stays
     assert values["serving_engine_load_peak_memory_bytes"] == 2**30
     assert values["serving_engine_restarts_total"] == 1
+
+
+def test_the_stop_signal_and_how_each_stop_went_are_exported() -> None:
+    metrics = LauncherMetrics("cpu-tiny", "qwen3-tiny")
+    port = free_port()
+    metrics.serve("127.0.0.1", port)
+    before = scrape_all(port)
+    assert before[("serving_engine_stops_total", "false")] == 0
+    assert before[("serving_engine_stops_total", "true")] == 0  # exported from the start
+    assert not any(name == "serving_launcher_stop_signal_info" for name, _ in before)
+    metrics.record_stop_signal("SIGHUP")
+    metrics.record_stop(Stopped(killed=False, seconds=2.0))
+    metrics.record_stop(Stopped(killed=True, seconds=21.0))
+    metrics.record_stop(Stopped(killed=True, seconds=20.5))
+    after = scrape_all(port)
+    assert after[("serving_launcher_stop_signal_info", "SIGHUP")] == 1
+    assert after[("serving_engine_stops_total", "false")] == 1
+    assert after[("serving_engine_stops_total", "true")] == 2
+
+
+def scrape_all(port: int) -> dict[tuple[str, str], float]:
+    """Every serving_* sample of the profile, by name and its one other label's value."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    found = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = dict(sample.labels)
+            assert labels.pop("profile") == "cpu-tiny" and labels.pop("model") == "qwen3-tiny"
+            found[sample.name, "".join(labels.values())] = sample.value
+    return found
 
 
 def test_a_busy_port_is_one_clear_error() -> None:

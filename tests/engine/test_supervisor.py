@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from serving.engine.process import EngineProcess
+from serving.engine.process import EngineProcess, Stopped
 from serving.engine.supervisor import RestartPolicy, Supervisor
 from serving.errors import ServingError
 from serving.vllm_flags import EngineCommand
@@ -44,6 +44,38 @@ def test_stop_leaves_no_worker_behind(tmp_path: Path, capsys: pytest.CaptureFixt
     assert not group_alive(pgid)
     assert f"vLLM (PID {pgid}) and its workers stopped by SIGTERM in " in capsys.readouterr().err
     assert "listening" in (tmp_path / "engine.log").read_text()
+
+
+def test_a_server_that_ignores_sigterm_is_killed_after_the_grace_and_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    stops: list[Stopped] = []
+    supervisor = Supervisor(
+        make_process=lambda: fake_process(tmp_path, free_port(), "--ignore-term"),
+        on_stopped=stops.append,
+    )
+    supervisor.start()
+    process = supervisor.current
+    assert process is not None and process.pid is not None
+    pgid = process.pid
+    stopped = process.stop(grace=1)
+    assert stopped is not None and stopped.killed and stopped.seconds >= 1
+    assert not group_alive(pgid)
+    said = capsys.readouterr().err
+    assert f"(PID {pgid}) and its workers stopped by SIGKILL after 1 s in " in said
+    assert process.stop(grace=1) is None  # no longer running: nothing to say
+    supervisor.stop()
+    assert stops == []  # the supervisor reports the stops it made itself, once
+
+
+def test_the_supervisor_reports_how_its_stop_went(tmp_path: Path) -> None:
+    stops: list[Stopped] = []
+    supervisor = Supervisor(
+        make_process=lambda: fake_process(tmp_path, free_port()), on_stopped=stops.append
+    )
+    supervisor.start()
+    supervisor.stop()
+    assert len(stops) == 1 and not stops[0].killed
 
 
 def test_a_health_answer_from_a_process_not_started_here_is_refused(tmp_path: Path) -> None:

@@ -30,6 +30,7 @@ from monitoring.prometheus.local import prometheus_argv, render_config, stack_ta
 from monitoring.prometheus.series import (
     GATEWAY,
 )
+from serving.engine.process import terminate
 from tests.integration.conftest import (
     MODEL,
     REPO,
@@ -117,17 +118,7 @@ def gateway_replica(stack: Stack, workdir: Path) -> Iterator[Replica]:
         wait_until("the second gateway's /healthz", alive, budget_s=60)
         yield Replica(url, f"http://127.0.0.1:{metrics_port}")
     finally:
-        stop(process)
-
-
-def stop(process: subprocess.Popen[bytes]) -> None:
-    """SIGTERM, then SIGKILL if it has not exited within 30 s."""
-    process.terminate()
-    try:
-        process.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
+        terminate(process, grace_s=30)
 
 
 def prometheus_config(stack: Stack, gateway_b: Replica) -> str:
@@ -173,7 +164,7 @@ def prometheus(config_text: str, workdir: Path) -> Iterator[PrometheusAPI]:
         wait_until("Prometheus /-/ready", ready)
         yield api
     finally:
-        stop(process)
+        terminate(process, grace_s=30)
 
 
 def all_targets_up(api: PrometheusAPI, expected: int) -> bool:
