@@ -225,7 +225,11 @@ def test_scale_up_under_load_spreads_requests_and_keeps_conversations(
         topology.dns.set(NAME, HOSTS)  # a second pod became ready
         eventually(lambda: topology.healthy() == 2, CHANGE_S)
         before = topology.sent().get(second, 0)
-        eventually(lambda: topology.sent().get(second, 0) >= before + 3, 60)
+        try:
+            eventually(lambda: topology.sent().get(second, 0) >= before + 3, 60)
+        except AssertionError as exc:  # once on a clean clone: say what the gateway saw
+            state = f"sent {topology.sent()}, healthy {topology.healthy()}, chats {load.done}"
+            raise AssertionError(f"{exc}; {state}; failures {load.failures}") from None
     assert load.failures == []
     # Affinity: each conversation's later turns go where its first went.
     client = topology.client()

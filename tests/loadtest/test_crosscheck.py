@@ -92,6 +92,16 @@ def test_a_gap_with_quiet_rounds_is_a_real_difference() -> None:
     assert "output tokens/s ours 500.00 vs 600.00" in verdict.reasons[0]
 
 
+def test_ttft_medians_a_few_ms_apart_agree_however_short_the_ttft() -> None:
+    # A quiet run of the tiny engine: 27 ms against 33 ms is 19% but 6 ms of client work.
+    close = judge(rounds([(677, 27.0), (680, 26.5), (675, 27.5)], [(676, 33.3)] * 3))
+    assert close.agree and close.label == "AGREE"
+    far = judge(rounds([(677, 20.0), (680, 20.5), (675, 19.5)], [(676, 33.3)] * 3))
+    assert not far.agree and "DIFFERS (>10% and >10)" in far.table()
+    # At hundreds of ms the floor is inside the 10%: the ratio decides alone.
+    assert not judge(rounds([(677, 280.0)] * 3, [(676, 333.0)] * 3)).agree
+
+
 def test_a_gap_inside_one_sides_own_spread_blames_the_machine() -> None:
     verdict = judge(
         rounds([(600, 100), (600, 100), (600, 100)], [(500, 100), (700, 100), (720, 100)])
