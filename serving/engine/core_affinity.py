@@ -12,7 +12,10 @@ as planned, 725-784 tok/s. On the worker's core the poll costs little: it yields
 while the worker computes, and the worker waits for it while it schedules.
 
 Only the process's main thread (the one that polls) is moved; nothing is moved where the
-workers run elsewhere (Ray) or already share every core with it.
+workers run elsewhere (Ray), already share every core with it, or share their cores with
+another engine's workers: vLLM binds the workers of every engine on a small host to the same
+cores, and with two engines' EngineCores there too, the second engine's first request waited
+over 60 s while the first engine served 1,014 (a clean clone's engine-discovery test, twice).
 
 Usage: `pin_engine_core(server_pid)` once vLLM answers /health (its workers are bound by then);
 it returns a line for the log, or None when it moved nothing.
@@ -37,6 +40,17 @@ def _title(process: psutil.Process) -> str:
     return ""
 
 
+def _other_workers_cpus(ours: set[int]) -> set[int]:
+    """The CPUs that vLLM workers of other engines on this host are bound to."""
+    cpus: set[int] = set()
+    for process in psutil.process_iter():
+        if process.pid in ours or not _title(process).startswith(WORKER):
+            continue
+        with contextlib.suppress(psutil.Error):
+            cpus.update(process.cpu_affinity() or [])
+    return cpus
+
+
 def pin_engine_core(server_pid: int) -> str | None:
     try:
         children = psutil.Process(server_pid).children(recursive=True)
@@ -46,6 +60,8 @@ def pin_engine_core(server_pid: int) -> str | None:
     workers = [child for child in children if _title(child).startswith(WORKER)]
     try:
         worker_cpus = {cpu for worker in workers for cpu in worker.cpu_affinity() or []}
+        if worker_cpus & _other_workers_cpus({child.pid for child in children}):
+            return None
         moved = []
         for core in cores:
             if worker_cpus and worker_cpus < set(core.cpu_affinity() or []):

@@ -78,3 +78,10 @@ def test_nothing_moves_when_the_workers_have_every_cpu_or_no_worker_is_a_child()
         assert pin_engine_core(server) is None
         assert engine_core(server).cpu_affinity() == cpus
     assert pin_engine_core(os.getpid()) is None  # no vLLM below this process (Ray workers)
+
+
+def test_nothing_moves_where_another_engines_workers_share_the_cpus() -> None:
+    cpus = sorted(os.sched_getaffinity(0))
+    with vllm_like_tree(cpus[:1]) as first, vllm_like_tree(cpus[:1]) as second:
+        assert pin_engine_core(first) is None and pin_engine_core(second) is None
+        assert engine_core(first).cpu_affinity() == cpus == engine_core(second).cpu_affinity()
