@@ -56,8 +56,9 @@ def pin_engine_core(server_pid: int) -> str | None:
         children = psutil.Process(server_pid).children(recursive=True)
     except psutil.Error:
         return None
-    cores = [child for child in children if _title(child).startswith(ENGINE_CORE)]
-    workers = [child for child in children if _title(child).startswith(WORKER)]
+    titled = [(child, _title(child)) for child in children]  # one /proc read each
+    cores = [child for child, title in titled if title.startswith(ENGINE_CORE)]
+    workers = [child for child, title in titled if title.startswith(WORKER)]
     try:
         worker_cpus = {cpu for worker in workers for cpu in worker.cpu_affinity() or []}
         if worker_cpus & _other_workers_cpus({child.pid for child in children}):
