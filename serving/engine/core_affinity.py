@@ -12,23 +12,32 @@ as planned, 725-784 tok/s. On the worker's core the poll costs little: it yields
 while the worker computes, and the worker waits for it while it schedules.
 
 Only the process's main thread (the one that polls) is moved; nothing is moved where the
-workers run elsewhere (Ray), already share every core with it, or share their cores with
-another engine's workers: vLLM binds the workers of every engine on a small host to the same
-cores, and with two engines' EngineCores there too, the second engine's first request waited
-over 60 s while the first engine served 1,014 (a clean clone's engine-discovery test, twice).
+workers run elsewhere (Ray), already share every core with it, or share their cores with a
+busy worker of another engine: vLLM binds the workers of every engine on a small host to the
+same cores, and with two busy engines' EngineCores there too, the second engine's first
+request waited over 60 s while the first engine served 1,014 (a clean clone's engine-discovery
+test, twice). An idle engine's worker (1% of a core, measured) does not count: left unpinned
+beside one, the memory plan's engine idled between requests again and its ramp never
+saturated.
 
-Usage: `pin_engine_core(server_pid)` once vLLM answers /health (its workers are bound by then);
-it returns a line for the log, or None when it moved nothing.
+Usage: `pin_engine_core(server_pid)` once vLLM answers /health (its workers are bound by then;
+it samples its neighbours for a second when it has any); it returns a line for the log, or
+None when it moved nothing.
 """
 
 from __future__ import annotations
 
 import contextlib
+import time
 
 import psutil
 
 ENGINE_CORE = "VLLM::EngineCore"
 WORKER = "VLLM::Worker"
+# Another engine's worker is busy when it used this share of a CPU over the sample: serving, a
+# worker computes most of the time; idle, it used 1%.
+BUSY_SHARE = 0.25
+SAMPLE_S = 1.0
 
 
 def _title(process: psutil.Process) -> str:
@@ -40,18 +49,34 @@ def _title(process: psutil.Process) -> str:
     return ""
 
 
-def _other_workers_cpus(ours: set[int]) -> set[int]:
-    """The CPUs that vLLM workers of other engines on this host are bound to."""
-    cpus: set[int] = set()
+def _cpu_seconds(process: psutil.Process) -> float | None:
+    with contextlib.suppress(psutil.Error):
+        times = process.cpu_times()
+        return float(times.user + times.system)
+    return None
+
+
+def _busy_neighbours(ours: set[int], cpus: set[int], sample_s: float) -> bool:
+    """Whether a vLLM worker of another engine bound to one of `cpus` is busy (sampled)."""
+    neighbours = []
     for process in psutil.process_iter():
         if process.pid in ours or not _title(process).startswith(WORKER):
             continue
         with contextlib.suppress(psutil.Error):
-            cpus.update(process.cpu_affinity() or [])
-    return cpus
+            if cpus & set(process.cpu_affinity() or []):
+                neighbours.append(process)
+    if not neighbours:
+        return False
+    before = [_cpu_seconds(process) for process in neighbours]
+    time.sleep(sample_s)
+    after = [_cpu_seconds(process) for process in neighbours]
+    return any(
+        start is not None and end is not None and end - start >= BUSY_SHARE * sample_s
+        for start, end in zip(before, after, strict=True)
+    )
 
 
-def pin_engine_core(server_pid: int) -> str | None:
+def pin_engine_core(server_pid: int, sample_s: float = SAMPLE_S) -> str | None:
     try:
         children = psutil.Process(server_pid).children(recursive=True)
     except psutil.Error:
@@ -61,7 +86,7 @@ def pin_engine_core(server_pid: int) -> str | None:
     workers = [child for child, title in titled if title.startswith(WORKER)]
     try:
         worker_cpus = {cpu for worker in workers for cpu in worker.cpu_affinity() or []}
-        if worker_cpus & _other_workers_cpus({child.pid for child in children}):
+        if _busy_neighbours({child.pid for child in children}, worker_cpus, sample_s):
             return None
         moved = []
         for core in cores:

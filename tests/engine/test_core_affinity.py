@@ -15,28 +15,33 @@ import psutil
 from serving.engine.core_affinity import pin_engine_core
 
 # The server starts an EngineCore, which starts a worker bound to `cpus` (as vLLM binds its
-# workers' OpenMP threads), each under vLLM's process title.
+# workers' OpenMP threads), each under vLLM's process title; a busy worker computes
+# without a pause, as one serving requests does.
 TREE = textwrap.dedent(
     """
     import os, subprocess, sys, time, setproctitle
-    role, cpus = sys.argv[1], [int(c) for c in sys.argv[2].split(",")]
+    role, cpus, busy = sys.argv[1], [int(c) for c in sys.argv[2].split(",")], sys.argv[3]
+    again = [sys.executable, "-c", sys.argv[4]]
     if role == "server":
-        subprocess.Popen([sys.executable, "-c", sys.argv[3], "core", sys.argv[2], sys.argv[3]])
+        subprocess.Popen([*again, "core", *sys.argv[2:]])
     elif role == "core":
         setproctitle.setproctitle("VLLM::EngineCore")
-        subprocess.Popen([sys.executable, "-c", sys.argv[3], "worker", sys.argv[2], sys.argv[3]])
+        subprocess.Popen([*again, "worker", *sys.argv[2:]])
     else:
         setproctitle.setproctitle("VLLM::Worker")
         os.sched_setaffinity(0, cpus)
+        while busy == "busy":
+            pass
     time.sleep(60)
     """
 )
 
 
 @contextmanager
-def vllm_like_tree(worker_cpus: list[int]) -> Iterator[int]:
+def vllm_like_tree(worker_cpus: list[int], *, busy: bool = False) -> Iterator[int]:
     cpus = ",".join(map(str, worker_cpus))
-    server = subprocess.Popen([sys.executable, "-c", TREE, "server", cpus, TREE])
+    load = "busy" if busy else "idle"
+    server = subprocess.Popen([sys.executable, "-c", TREE, "server", cpus, load, TREE])
     try:
         deadline = time.monotonic() + 30
         while not any(
@@ -80,8 +85,16 @@ def test_nothing_moves_when_the_workers_have_every_cpu_or_no_worker_is_a_child()
     assert pin_engine_core(os.getpid()) is None  # no vLLM below this process (Ray workers)
 
 
-def test_nothing_moves_where_another_engines_workers_share_the_cpus() -> None:
+def test_nothing_moves_where_a_busy_worker_of_another_engine_shares_the_cpus() -> None:
+    cpus = sorted(os.sched_getaffinity(0))
+    with vllm_like_tree(cpus[:1], busy=True), vllm_like_tree(cpus[:1]) as second:
+        assert pin_engine_core(second) is None
+        assert engine_core(second).cpu_affinity() == cpus
+
+
+def test_an_idle_engine_beside_it_does_not_keep_the_engine_core_off_its_cpus() -> None:
     cpus = sorted(os.sched_getaffinity(0))
     with vllm_like_tree(cpus[:1]) as first, vllm_like_tree(cpus[:1]) as second:
-        assert pin_engine_core(first) is None and pin_engine_core(second) is None
-        assert engine_core(first).cpu_affinity() == cpus == engine_core(second).cpu_affinity()
+        assert pin_engine_core(second) is not None
+        assert engine_core(second).cpu_affinity() == cpus[:1]
+        assert engine_core(first).cpu_affinity() == cpus  # the idle one is not touched
