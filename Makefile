@@ -34,8 +34,8 @@ venv: $(STAMP)
 # recommends (node-exporter).
 SYSTEM_STAMP := $(VENV)/.system-deps
 system-deps: $(SYSTEM_STAMP)
-$(SYSTEM_STAMP): Makefile | $(STAMP)
-	@missing=""; \
+$(SYSTEM_STAMP): Makefile
+	@mkdir -p $(VENV); missing=""; \
 	  command -v chromium >/dev/null || missing="$$missing chromium"; \
 	  command -v promtool >/dev/null || missing="$$missing prometheus"; \
 	  command -v redis-server >/dev/null || missing="$$missing redis-server"; \
@@ -106,13 +106,19 @@ docs: $(STAMP)
 # Prometheus or browser (tests/services.py names what each slow test needs), on every core
 # (pytest-xdist: `make check WORKERS=0` runs them in pytest's own process, as before).
 WORKERS ?= auto
-check: lint typecheck docs $(K8S_STAMP)
+# What the tests need is made side by side: the venv, the system packages and the Kubernetes
+# tools install at once (downloads and unpacking), then ruff, mypy and the docs site check
+# at once (mypy on one core). Each step's output is printed whole when it ends.
+PREPARE := $(MAKE) --no-print-directory -j4 --output-sync=target
+check:
+	@$(PREPARE) lint typecheck docs $(K8S_STAMP)
 	$(BIN)/python -m pytest -q -rfEs --check-tier -n $(WORKERS) --durations=10
 
 # The whole suite: the fast tier as `make check` runs it, then the tests that need a service,
 # in one process (they share one engine stack and measure time; on 2 cores a second process
 # would take the engine's CPU). Both parts run even when the first fails; either fails it.
-test: lint typecheck docs $(SYSTEM_STAMP) $(K8S_STAMP)
+test:
+	@$(PREPARE) lint typecheck docs $(SYSTEM_STAMP) $(K8S_STAMP)
 	@$(BIN)/python -m pytest -q -rfEs --check-tier -n $(WORKERS) --durations=10; fast=$$?; \
 	  $(BIN)/python -m pytest -q -rfEs --service-tier --durations=25; slow=$$?; \
 	  test $$fast -eq 0 -a $$slow -eq 0

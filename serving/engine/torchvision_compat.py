@@ -103,7 +103,7 @@ def define_missing_ops() -> list[str]:
     import torch
 
     try:
-        torch.ops.load_library(str(library))  # type: ignore[no-untyped-call]
+        torch.ops.load_library(str(library))
         return []
     except OSError:
         pass  # a CUDA build on the CPU torch: define what torchvision registers fakes for

@@ -43,7 +43,7 @@ class LoraSettings:
     pad_id: int
 
 
-class LoraLinear(nn.Module):
+class LoraLinear(nn.Module):  # type: ignore[misc]  # torch is not read (pyproject.toml)
     """A frozen linear layer plus a trainable low-rank update, scaled as PEFT scales it."""
 
     def __init__(self, base: nn.Linear, rank: int, alpha: int, generator: torch.Generator):

@@ -210,7 +210,7 @@ def _build(
 
     from serving.models.lora_training import Example, LoraSettings, train_lora
 
-    logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # it would fight our status line
+    logging.disable_progress_bar()  # it would fight our status line
     torch.set_num_threads(params.num_threads)
     torch.use_deterministic_algorithms(True)
     torch.manual_seed(params.seed)

@@ -223,7 +223,7 @@ def _build(
     torch.set_num_threads(params.num_threads)
     torch.use_deterministic_algorithms(True)
     torch.manual_seed(params.seed)
-    model = Qwen3ForCausalLM(Qwen3Config(**config)).float()  # type: ignore[no-untyped-call]
+    model = Qwen3ForCausalLM(Qwen3Config(**config)).float()
     data = torch.tensor(stream, dtype=torch.long)
     generator = torch.Generator().manual_seed(params.seed)
     optimizer = torch.optim.AdamW(

@@ -358,7 +358,7 @@ def _build(out_dir: Path, params: TinyVlParams) -> dict[str, Any]:
 
     torch.set_num_threads(params.num_threads)
     torch.manual_seed(params.seed)
-    model = Qwen2_5_VLForConditionalGeneration(Qwen2_5_VLConfig(**config))  # type: ignore[no-untyped-call]
+    model = Qwen2_5_VLForConditionalGeneration(Qwen2_5_VLConfig(**config))
     tensors = {}
     for name, tensor in model.state_dict().items():
         if name == "lm_head.weight":

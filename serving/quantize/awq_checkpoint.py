@@ -131,7 +131,7 @@ def quantize_checkpoint(
     source_dtype = _source_dtype(config)
     torch.set_num_threads(params.num_threads)
     emit(f"AWQ: loading {src}")
-    disable_progress_bar()  # type: ignore[no-untyped-call]  # our status line reports progress
+    disable_progress_bar()  # our status line reports progress
     model = AutoModelForCausalLM.from_pretrained(str(src), dtype=torch.float32)
     model.train(False)  # inference mode: no dropout
     layers = list(model.get_submodule("model.layers").children())

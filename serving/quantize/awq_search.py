@@ -129,10 +129,7 @@ def capture_inputs(
 
         return record
 
-    handles = [
-        group.linears[0].register_forward_pre_hook(hook_for(group.key))  # type: ignore[arg-type]
-        for group in groups
-    ]
+    handles = [group.linears[0].register_forward_pre_hook(hook_for(group.key)) for group in groups]
     try:
         with torch.no_grad():
             for batch in batch_list:

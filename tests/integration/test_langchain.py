@@ -30,7 +30,7 @@ def chat_model(stack: Stack, secret: str, **options: object) -> ChatOpenAI:
         api_key=SecretStr(secret),
         max_retries=0,
         temperature=0,
-        **options,  # type: ignore[arg-type]
+        **options,
     )
 
 

@@ -109,7 +109,7 @@ def test_the_preprocessor_makes_the_tokens_the_planner_counts(
     from PIL import Image
     from transformers import AutoImageProcessor
 
-    processor = AutoImageProcessor.from_pretrained(built)  # type: ignore[no-untyped-call]
+    processor = AutoImageProcessor.from_pretrained(built)
     grid = processor(images=[Image.new("RGB", (width, height))])["image_grid_thw"][0].tolist()
     merged = grid[0] * grid[1] * grid[2] // 4  # merge 2 x 2
     vision = load_config_dir(built).vision

@@ -34,7 +34,7 @@ def write_qwen3(out: Path, params: TinyModelParams, *, seed: int = 0) -> Path:
     config = qwen3_config(params, vocab, tt.special_token_ids())
     write_json(out / "config.json", config)
     torch.manual_seed(seed)
-    model = Qwen3ForCausalLM(Qwen3Config(**config))  # type: ignore[no-untyped-call]
+    model = Qwen3ForCausalLM(Qwen3Config(**config))
     tensors = {
         name: tensor.detach().to(torch.bfloat16).contiguous()
         for name, tensor in model.state_dict().items()
