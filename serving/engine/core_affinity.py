@@ -1,24 +1,12 @@
 """On the CPU build, run vLLM's EngineCore on its workers' cores, not on the cores it leaves free.
 
-vLLM's CPU platform binds each worker's OpenMP threads to cores of its own and leaves at
-least one core for everything else (`VLLM_CPU_OMP_THREADS_BIND=auto`). Its EngineCore process
-waits for the workers' results by polling shared memory (`shm_broadcast`: `sched_yield` in a
-loop), so on a small host it takes half of the free core from the API server, the gateway and
-the clients. Measured on the 2-core machine with `python -m loadtest memory` (cpu-tiny-smallkv,
-4 and 5 users): unpinned, vLLM's /metrics took 2 to 10 s to answer and the engine sat idle
-between requests (a median of 0 running where 4 fit, 430-550 output tok/s); with the
-EngineCore on the worker's core, /metrics answered in under 0.12 s, 4 running and 1 waiting
-as planned, 725-784 tok/s. On the worker's core the poll costs little: it yields to the worker
-while the worker computes, and the worker waits for it while it schedules.
-
-Only the process's main thread (the one that polls) is moved; nothing is moved where the
-workers run elsewhere (Ray), already share every core with it, or share their cores with a
-busy worker of another engine: vLLM binds the workers of every engine on a small host to the
-same cores, and with two busy engines' EngineCores there too, the second engine's first
-request waited over 60 s while the first engine served 1,014 (a clean clone's engine-discovery
-test, twice). An idle engine's worker (1% of a core, measured) does not count: left unpinned
-beside one, the memory plan's engine idled between requests again and its ramp never
-saturated.
+vLLM binds each CPU worker's OpenMP threads to cores of its own and leaves the rest to the API
+server, the gateway and the clients; its EngineCore waits for the workers by polling shared
+memory (a `sched_yield` loop), which on a small host takes much of that free core
+(docs/profiles.md#running-the-engine-on-its-own has the measurements). Only the EngineCore is
+moved, and nothing where the workers run elsewhere (Ray), already have every core, or share
+their cores with a busy worker of another engine (two busy engines' EngineCores on one core
+starved the second engine's requests).
 
 Usage: `pin_engine_core(server_pid)` once vLLM answers /health (its workers are bound by then;
 it samples its neighbours for a second when it has any); it returns a line for the log, or

@@ -206,12 +206,12 @@ class EngineProcess:
         running = self.popen.poll() is None
         started = time.monotonic()
         killed = False
-        _signal_group(pgid, signal.SIGTERM)
+        signal_group(pgid, signal.SIGTERM)
         try:
             self.popen.wait(timeout=grace)
         except subprocess.TimeoutExpired:
             killed = True
-            _signal_group(pgid, signal.SIGKILL)
+            signal_group(pgid, signal.SIGKILL)
             self.popen.wait(timeout=10)
         # Workers may outlive the server by a moment; no orphan may survive the stop.
         deadline = time.monotonic() + grace
@@ -219,7 +219,7 @@ class EngineProcess:
             time.sleep(0.2)
         if _group_alive(pgid):
             killed = True
-            _signal_group(pgid, signal.SIGKILL)
+            signal_group(pgid, signal.SIGKILL)
         stopped = Stopped(killed, time.monotonic() - started) if running else None
         if stopped is not None:  # what an operator reads after a stop: did everything go, how
             how = f"SIGKILL after {grace:g} s" if killed else "SIGTERM"
@@ -231,8 +231,9 @@ class EngineProcess:
         return stopped
 
 
-def _signal_group(pgid: int, signum: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError):
+def signal_group(pgid: int, signum: signal.Signals) -> None:
+    """Signal a process group; one that is gone, or not ours to signal, is left alone."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signum)
 
 

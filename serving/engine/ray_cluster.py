@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import IO
 
 from serving.engine.lifeline import with_lifeline
+from serving.engine.process import signal_group
 from serving.errors import ServingError
 
 DEFAULT_PORT = 6379
@@ -170,18 +171,13 @@ class RayNodeProcess:
         """SIGTERM `ray start` (it drains and ends its node), SIGKILL the group's leftovers."""
         if self.popen is not None:
             group = self.popen.pid
-            _signal_group(group, signal.SIGTERM)
+            signal_group(group, signal.SIGTERM)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.popen.wait(timeout=grace)
             # gcs_server and raylet ignore SIGTERM: what `ray start` did not end is killed.
-            _signal_group(group, signal.SIGKILL)
+            signal_group(group, signal.SIGKILL)
             self.popen.wait(timeout=10)
             self.popen = None
         if self._log is not None:
             self._log.close()
             self._log = None
-
-
-def _signal_group(group: int, signum: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(group, signum)
