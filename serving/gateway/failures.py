@@ -1,6 +1,5 @@
-"""The root of every exception the gateway defines: one tree, so one `except` can catch what
-the gateway raises and a reader finds every failure here (tests/gateway/test_failures.py holds
-each class to this list).
+"""The root of every exception the gateway defines: one tree, so one `except` catches them all
+and a reader finds each here (tests/gateway/test_failures.py holds every class to this tree).
 
     GatewayException
     ├── GatewayError                 errors.py: a failure the client is answered with (status,
@@ -26,13 +25,11 @@ each class to this list).
     ├── QueueTimeout                 fair_queue.py: no slot within the queue's timeout
     ├── BeyondContext                quota/engine.py: max_tokens no context holds (ValueError)
     ├── ImageError                   images.py: an image that cannot be accepted (ValueError)
-    ├── ReportQueryError             usage_ledger/report.py: a report query that cannot run
-    │                                (ValueError)
+    ├── ReportQueryError             usage_ledger/report.py: a query that cannot run (ValueError)
     └── LookupFailed                 routing/discovery.py: the nameserver gave no answer
 
-Only `GatewayError`s reach a client as they are; the error boundary (`GatewayApp._api`)
-turns the others into one (a store that does not answer is a 503, a client gone is nobody's
-answer), and anything outside the tree is a bug: a 500, logged with its traceback.
+Only `GatewayError`s reach a client as they are; `GatewayApp._api` turns the others into one
+(a silent store: 503; a client gone: no answer); anything outside the tree is a bug: a logged 500.
 """
 
 from __future__ import annotations

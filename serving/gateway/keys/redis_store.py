@@ -4,38 +4,13 @@
     await store.refresh()                                # load, or reload if anything changed
     record, secret = await store.create(KeySpec("team-a", limits=Limits(rpm=60)))
     store.authenticate(secret)                           # from memory: no round trip
-    await store.aclose()
 
-Layout, under a namespace (default `qwen-serving:keys`) written in braces, a hash tag, so
-that a Redis Cluster would keep the three in one slot and one MULTI may span them:
-- `{qwen-serving:keys}:records`, a hash: key id -> the record's declarative form (`record`)
-  as JSON, without `revoked`. It holds the secret's SHA-256, never the secret.
-- `{qwen-serving:keys}:revoked`, a set of revoked key ids: a revocation is one SADD, so there
-  is nothing to read, modify and write back, and doing it twice is harmless.
-- `{qwen-serving:keys}:version`, a random token replaced in the same MULTI as every change.
-  Not a counter: after Redis restarts empty, or fails over to a replica that lags, a counter
-  can come back to a number a gateway has already seen; a fresh token cannot.
-
-Lookups never touch Redis: `get`, `list_keys` and `authenticate` answer from the snapshot the
-last `refresh` loaded, so a request costs no round trip. `refresh` reads the version (one
-GET) and loads everything again (one MULTI: version, records, revocations) only when it
-moved. A gateway calls it every second (`redis_refresh`), so a key created or revoked from
-anywhere takes effect in every replica within about a second (the interval plus one round
-trip). `create` and `revoke` refresh the store that made them, which sees its own writes at
-once, as a SQLite store does.
-
-The calls that reach Redis (`refresh`, `create`, `revoke`, `aclose`) are coroutines over the
-gateway's own client (`quota.redis_client`, one connection of the store's own), run on the
-gateway's event loop; `serving keys` runs them through `BlockingRedisKeyStore`.
-
-While Redis is unreachable, `refresh` raises `KeyStoreUnavailable` and the snapshot stays as
-it was: known keys keep working and revocations wait until Redis answers again. A Redis that
-comes back empty (no persistence) empties the snapshot at the next refresh, as it should:
-give it persistence. A record that does not parse is left out and logged by its id, so its
-key fails closed while every other key and every revocation still loads.
-
-Every `RedisError` becomes `KeyStoreUnavailable`, raised `from None` so that no chained
-message travels with it; its text names Redis's address, never the URL's password.
+Layout, under `{NAMESPACE}` (default `qwen-serving:keys`): `:records`, a hash (key id -> the
+record as JSON: the secret's SHA-256, never the secret); `:revoked`, a set of key ids; `:version`,
+a random token replaced in the MULTI of every change. Lookups answer from the snapshot the last
+`refresh` loaded; the gateway refreshes every second (`redis_refresh`), so a key created or
+revoked anywhere takes effect in every replica within about a second. While Redis is unreachable
+the snapshot stays; every `RedisError` becomes `KeyStoreUnavailable`, which names no password.
 """
 
 from __future__ import annotations
@@ -83,10 +58,13 @@ _UNLOADED = _Snapshot(version="")
 
 
 class RedisKeyStore:
-    """Usage: `RedisKeyStore.from_url(url)`; nothing is read until `refresh`."""
+    """Usage: `RedisKeyStore.from_url(url)`; nothing is read until `refresh`. The calls that
+    reach Redis are coroutines on the gateway's event loop, over a client (one connection) of
+    the store's own; `serving keys` runs them through `BlockingRedisKeyStore`."""
 
     def __init__(self, client: RedisClient, *, namespace: str = DEFAULT_NAMESPACE) -> None:
         self._client = client
+        # A hash tag: in a Redis Cluster the three keys share one slot, so one MULTI may span them.
         tag = "{" + namespace + "}"
         self._records_key = f"{tag}:records"
         self._revoked_key = f"{tag}:revoked"
@@ -127,7 +105,10 @@ class RedisKeyStore:
 
     async def refresh(self) -> bool:
         """Load the keys if they changed since the last load; True if a new snapshot was
-        loaded. `KeyStoreUnavailable` (and the old snapshot kept) if Redis cannot answer."""
+        loaded. One GET of the version, and one MULTI for everything only when it moved.
+        `KeyStoreUnavailable` if Redis cannot answer: the old snapshot stays, so known keys
+        keep working and revocations wait. A Redis that comes back empty (no persistence)
+        empties the snapshot, as it should: give it persistence."""
         with self._redis_errors():
             if await self._client.call("GET", self._version_key) == self._snapshot.version:
                 return False
@@ -153,7 +134,7 @@ class RedisKeyStore:
                     ("SET", self._version_key, _new_version()),
                 )
             if added:
-                await self.refresh()
+                await self.refresh()  # the writer sees its own write at once, as with SQLite
                 return record, secret
         raise ServingError(f"could not find a free key id in {self.location}")
 
@@ -163,6 +144,7 @@ class RedisKeyStore:
             # Records are never deleted, so one that exists now still exists at the SADD.
             exists = await self._client.call("HEXISTS", self._records_key, key_id)
             if exists:
+                # A set: a revocation is one SADD, nothing to read back, and twice is harmless.
                 await self._client.transaction(
                     ("SADD", self._revoked_key, key_id),
                     ("SET", self._version_key, _new_version()),
@@ -189,6 +171,7 @@ class RedisKeyStore:
         try:
             yield
         except RedisError as exc:
+            # `from None`: no chained message travels with it (`_describe` masks the password).
             raise KeyStoreUnavailable(
                 f"{self.location} is unavailable ({self._describe(exc)})"
             ) from None
@@ -256,6 +239,8 @@ def _encode(record: KeyRecord) -> str:
 
 
 def _parse(documents: Mapping[str, str], revoked: set[str]) -> dict[str, KeyRecord]:
+    """A record that does not parse is left out (its key fails closed) and logged by its id;
+    every other key and every revocation still loads."""
     records: dict[str, KeyRecord] = {}
     for key_id, text in documents.items():
         try:
@@ -276,4 +261,6 @@ def _parse(documents: Mapping[str, str], revoked: set[str]) -> dict[str, KeyReco
 
 
 def _new_version() -> str:
+    """A random token, not a counter: a Redis restarted empty, or a lagging replica failed
+    over to, can bring a counter back to a number a gateway has already seen."""
     return secrets.token_hex(8)

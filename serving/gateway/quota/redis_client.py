@@ -1,37 +1,17 @@
 """The gateway's one Redis client: one pipelined connection, opened when needed.
 
     client = RedisClient.from_url("redis://:pw@redis:6379/0", timeout_s=0.25)
-    reply = await client.call("PING")                          # "PONG"
     reply = await client.run_script(script, keys, args)        # EVALSHA; EVAL on NOSCRIPT
     replies = await client.transaction(("HSETNX", h, f, v), ("SET", k, v))   # MULTI ... EXEC
-    await client.close()
 
-Every Redis the gateway and its commands talk to goes through it (docs/gateway.md, shared
-quotas): the quota store, the usage ledger, the key store and the adapter registry, each over
-a client (so a connection) of its own. Not redis-py: its asyncio client's per-call machinery
-(pool, commands packed in Python, reply callbacks, a timeout context) was most of what the
-Redis store cost; a handful of commands on one server need only an asyncio Protocol
-(`redis_connection`), hiredis packing and parsing in C, and one pipelined connection. Its
-failures are one tree, `RedisError`.
-
-URLs, as redis-py spells them: `redis://[[user]:password@]host[:port][/db]`; `rediss://`
-the same over TLS (the system's CAs, or `?ssl_ca_certs=FILE`; `?ssl_cert_reqs=none` skips
-verification, `?ssl_check_hostname=false` only the name check; a client certificate with
-`?ssl_certfile=FILE&ssl_keyfile=FILE`); `unix://[[user]:password@]/path/to/redis.sock[?db=N]`.
-Other query parameters (redis-py's socket and pool options) are ignored.
-
-The rules:
-- A call is bounded by `timeout_s` from its start: opening a connection, saying hello
-  (AUTH, SELECT) and the reply all count against it.
-- One connection, opened by the first call that needs it (calls arriving meanwhile wait for
-  the same opening). When it is lost, closed or stalls (`redis_connection`), the calls
-  waiting on it fail and the next call opens a new one. It belongs to the event loop that
-  opened it: a client is used from one loop.
-- A transaction's MULTI, commands and EXEC are written together, so no other caller's
-  command comes between them on the connection: Redis runs them as one.
-- Nothing is retried, except a script Redis does not know (NOSCRIPT: it did not run), which
-  is sent again once in full with EVAL (that also loads it). A script that may have run
-  must not run twice; whether to try again is the caller's business.
+Quotas, usage ledger, keys and adapters each use a client of their own (docs/gateway.md,
+"Shared quotas (Redis)"). Not redis-py: its per-call machinery (pool, packing in Python, reply
+callbacks, a timeout context) was most of what the Redis store cost. The rules:
+- A call is bounded by `timeout_s` from its start, connecting and AUTH/SELECT included.
+- One connection, of the loop that opened it; when it is lost, closed or stalls, the calls
+  waiting on it fail and the next call opens a new one.
+- A transaction's MULTI, commands and EXEC are written together: Redis runs them as one.
+- Nothing is retried (a command may have run) but NOSCRIPT, sent once in full with EVAL.
 """
 
 from __future__ import annotations
@@ -78,8 +58,12 @@ class RedisEndpoint:
 
 
 def parse_url(url: str) -> RedisEndpoint:
-    """A `redis://`, `rediss://` or `unix://` URL (see the module docstring). Errors never
-    show the URL: it may hold a password."""
+    """A URL as redis-py spells them: `redis://[[user]:password@]host[:port][/db]`;
+    `rediss://` the same over TLS (the system's CAs, or `?ssl_ca_certs=FILE`;
+    `?ssl_cert_reqs=none` skips verification, `?ssl_check_hostname=false` only the name check;
+    a client certificate with `?ssl_certfile=FILE&ssl_keyfile=FILE`);
+    `unix://[[user]:password@]/path/to/redis.sock[?db=N]`. Other query parameters (redis-py's
+    socket and pool options) are ignored. Errors never show the URL: it may hold a password."""
     try:
         parts = urlsplit(url)
         port = parts.port
@@ -178,7 +162,7 @@ class RedisClient:
 
     async def run_script(self, script: LuaScript, keys: Sequence[str], args: Sequence[Arg]) -> Any:
         """Run `script` with EVALSHA; if Redis does not know it (a restart, SCRIPT FLUSH),
-        once more in full with EVAL, within the same bound."""
+        once more in full with EVAL (which also loads it), within the same bound."""
         deadline = asyncio.get_running_loop().time() + self.timeout_s
         try:
             return await self._send(
@@ -239,8 +223,8 @@ class RedisClient:
             raise RedisConnectionError("the Redis client is closed")
         opening = self._opening
         if opening is None:
-            # Bounded by the deadline of the call that started it; later callers bound their
-            # own wait for it.
+            # Calls arriving meanwhile wait for this same opening. Bounded by the deadline of
+            # the call that started it; later callers bound their own wait for it.
             opening = self._opening = asyncio.ensure_future(self._open(deadline))
             opening.add_done_callback(self._opened)
         try:

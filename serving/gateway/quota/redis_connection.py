@@ -2,36 +2,15 @@
 
     reply = await connection.send(hiredis.pack_command(("PING",)), deadline)   # "PONG"
 
-The rules (`redis_client` opens these, says hello and opens a new one when one is lost):
-- Pipelined: a command is sent whatever is still waiting for its reply. Redis answers a
-  connection's commands in the order they came, so replies go to the waiting commands first
-  in, first out. The commands of one loop iteration leave in one write (at the end of the
-  iteration): one system call, and one read for Redis, for all the requests that reached
-  Redis at once.
-- Every command has a deadline (loop time); past it, it fails with `RedisTimeoutError`. It
-  keeps its place in the line all the same: its reply, if it ever comes, is read and dropped,
-  so the replies after it still reach their own commands. A command whose caller was
-  cancelled is dropped the same way.
-- One loop timer per connection, not one per command: armed for the earliest deadline and
-  re-armed only when it fires (all commands share one timeout, so under load it fires about
-  once per timeout).
-- A connection that owes replies and has received nothing for `stall_limit_s` is closed when
-  the timer notices, failing what waits on it (`RedisConnectionError`): a server behind a
-  dead network path never answers and may never reset the connection either.
-- An error reply (`-ERR ...`) fails its own command only (`RedisReplyError`). Bytes that are
-  not RESP, or a reply nobody asked for, close the connection.
-
-Errors: one tree for every Redis failure in the gateway and its commands (the quota store
-turns each into `QuotaStoreUnavailable`, the key store into `KeyStoreUnavailable`, the adapter
-registry into `AdapterStoreUnavailable`):
-
-    RedisError
-    ├── RedisConnectionError  the connection is gone (lost, closed, stalled); also a
-    │   │                     ConnectionError
-    │   └── RedisConnectError no connection could be opened: the command was never sent
-    ├── RedisTimeoutError     no reply by the deadline (also a TimeoutError)
-    ├── RedisReplyError       Redis answered with an error
-    └── RedisProtocolError    the bytes are not RESP
+`redis_client` opens these, says hello and opens a new one when one is lost. The rules:
+- Pipelined: a command is sent whatever still waits; Redis answers in order, so replies go to
+  the waiting commands first in, first out.
+- A command past its deadline fails (`RedisTimeoutError`); it, like one whose caller was
+  cancelled, keeps its place in line: its late reply is read and dropped.
+- A connection owing replies that reads nothing for `stall_limit_s` fails them and is closed.
+- An error reply fails its own command only (`RedisReplyError`); bytes that are not RESP, or a
+  reply nobody asked for, close the connection. Every failure is a `RedisError` (its tree is in
+  `serving/gateway/failures.py`).
 """
 
 from __future__ import annotations
@@ -51,7 +30,8 @@ class RedisError(GatewayException):
 
 
 class RedisConnectionError(RedisError, ConnectionError):
-    """The connection is gone; commands still waiting on it will get no reply."""
+    """The connection is gone (lost, closed or stalled); commands still waiting on it will get
+    no reply."""
 
 
 class RedisConnectError(RedisConnectionError):
@@ -110,7 +90,8 @@ class RedisConnection(asyncio.Protocol):
         return future
 
     def _write(self) -> None:
-        """Write what the commands of this loop iteration queued, in one write."""
+        """Write what the commands of this loop iteration queued, in one write at its end: one
+        system call, and one read for Redis, for all the requests that reached Redis at once."""
         outgoing, self._outgoing = self._outgoing, []
         if self.transport is not None and not self.closed:
             self.transport.write(outgoing[0] if len(outgoing) == 1 else b"".join(outgoing))
@@ -180,6 +161,9 @@ class RedisConnection(asyncio.Protocol):
         self._timer_at = at
 
     def _on_timer(self) -> None:
+        """One timer per connection, not per command: armed for the earliest deadline and
+        re-armed only when it fires (commands share one timeout, so under load it fires about
+        once per timeout)."""
         self._timer, self._timer_at = None, math.inf
         now = self.loop.time()
         earliest = math.inf
@@ -193,6 +177,7 @@ class RedisConnection(asyncio.Protocol):
             elif deadline < earliest:
                 earliest = deadline
         if expired and self._waiting:
+            # A server behind a dead network path never answers, and may never reset either.
             owed_since = max(self._last_read, self._waiting[0][2])
             if now - owed_since >= self._stall_limit_s:
                 self.close("Redis sent nothing for too long", RedisConnectionError)
