@@ -1,31 +1,31 @@
-"""On the CPU build, run vLLM's EngineCore on its workers' cores, not on the cores it leaves free.
+"""On the CPU build, give each engine on a host cores of its own and its EngineCore a place there.
 
-vLLM binds each CPU worker's OpenMP threads to cores of its own and leaves the rest to the API
-server, the gateway and the clients; its EngineCore waits for the workers by polling shared
-memory (a `sched_yield` loop), which on a small host takes much of that free core
-(docs/profiles.md#running-the-engine-on-its-own has the measurements). Only the EngineCore is
-moved, and nothing where the workers run elsewhere (Ray), already have every core, or share
-their cores with a busy worker of another engine (two busy engines' EngineCores on one core
-starved the second engine's requests).
+vLLM binds each CPU worker's OpenMP threads to cores (`VLLM_CPU_OMP_THREADS_BIND=auto`) and
+leaves the rest to the API server, the gateway and the clients. Two rules on top:
+- `spread_binding`: auto binds every engine on a host to the same cores, so a second engine
+  started beside a first is bound to cores no other engine's worker holds, while any are left.
+- `pin_engine_core`: the EngineCore waits for its workers by polling shared memory (a
+  `sched_yield` loop), which on a small host takes much of the free core
+  (docs/profiles.md#running-the-engine-on-its-own has the measurements); it moves onto its
+  workers' cores, unless another engine's worker is bound there too (two EngineCores on one
+  shared core starved the second engine's requests): then neither stays, an EngineCore pinned
+  there while it ran alone goes back to every CPU.
 
-Usage: `pin_engine_core(server_pid)` once vLLM answers /health (its workers are bound by then;
-it samples its neighbours for a second when it has any); it returns a line for the log, or
-None when it moved nothing.
+Usage: `env |= spread_binding(env, ranks)` before vLLM starts; `pin_engine_core(server_pid)`
+once it answers /health (its workers are bound by then): a line for the log, or None.
 """
 
 from __future__ import annotations
 
 import contextlib
-import time
+import os
+from collections.abc import Mapping
 
 import psutil
 
 ENGINE_CORE = "VLLM::EngineCore"
 WORKER = "VLLM::Worker"
-# Another engine's worker is busy when it used this share of a CPU over the sample: serving, a
-# worker computes most of the time; idle, it used 1%.
-BUSY_SHARE = 0.25
-SAMPLE_S = 1.0
+BIND = "VLLM_CPU_OMP_THREADS_BIND"
 
 
 def _title(process: psutil.Process) -> str:
@@ -37,34 +37,51 @@ def _title(process: psutil.Process) -> str:
     return ""
 
 
-def _cpu_seconds(process: psutil.Process) -> float | None:
-    with contextlib.suppress(psutil.Error):
-        times = process.cpu_times()
-        return float(times.user + times.system)
-    return None
-
-
-def _busy_neighbours(ours: set[int], cpus: set[int], sample_s: float) -> bool:
-    """Whether a vLLM worker of another engine bound to one of `cpus` is busy (sampled)."""
-    neighbours = []
+def _neighbours(ours: set[int], cpus: set[int]) -> list[psutil.Process]:
+    """The vLLM workers of other engines on this host bound to one of `cpus`."""
+    found = []
     for process in psutil.process_iter():
         if process.pid in ours or not _title(process).startswith(WORKER):
             continue
         with contextlib.suppress(psutil.Error):
             if cpus & set(process.cpu_affinity() or []):
-                neighbours.append(process)
-    if not neighbours:
-        return False
-    before = [_cpu_seconds(process) for process in neighbours]
-    time.sleep(sample_s)
-    after = [_cpu_seconds(process) for process in neighbours]
-    return any(
-        start is not None and end is not None and end - start >= BUSY_SHARE * sample_s
-        for start, end in zip(before, after, strict=True)
-    )
+                found.append(process)
+    return found
 
 
-def pin_engine_core(server_pid: int, sample_s: float = SAMPLE_S) -> str | None:
+def spread_binding(env: Mapping[str, str], ranks: int) -> dict[str, str]:
+    """The binding for an engine of `ranks` workers started with environment `env`: cores no
+    other engine's worker holds (one left free for the rest when several are), or nothing
+    (vLLM's auto) when it is alone, `env` sets one, it has several workers or every core is held."""
+    if ranks != 1 or BIND in env:
+        return {}
+    allowed = sorted(os.sched_getaffinity(0))
+    held: set[int] = set()
+    for worker in _neighbours(set(), set(allowed)):
+        with contextlib.suppress(psutil.Error):
+            held.update(worker.cpu_affinity() or [])
+    free = [cpu for cpu in allowed if cpu not in held]
+    if not held or not free:
+        return {}
+    cores = free[:-1] if len(free) > 1 else free
+    return {BIND: ",".join(map(str, cores))}
+
+
+def _release(workers: list[psutil.Process], cpus: list[int]) -> list[int]:
+    """Move the EngineCores above `workers` (pinned when they ran alone) back onto `cpus`."""
+    moved = []
+    for worker in workers:
+        with contextlib.suppress(psutil.Error):
+            parent = worker.parent()
+            if parent is None or not _title(parent).startswith(ENGINE_CORE):
+                continue
+            if set(parent.cpu_affinity() or []) < set(cpus):
+                parent.cpu_affinity(cpus)
+                moved.append(parent.pid)
+    return moved
+
+
+def pin_engine_core(server_pid: int) -> str | None:
     try:
         children = psutil.Process(server_pid).children(recursive=True)
     except psutil.Error:
@@ -74,8 +91,16 @@ def pin_engine_core(server_pid: int, sample_s: float = SAMPLE_S) -> str | None:
     workers = [child for child, title in titled if title.startswith(WORKER)]
     try:
         worker_cpus = {cpu for worker in workers for cpu in worker.cpu_affinity() or []}
-        if _busy_neighbours({child.pid for child in children}, worker_cpus, sample_s):
-            return None
+        shared = _neighbours({child.pid for child in children}, worker_cpus)
+        if shared:
+            released = _release(shared, psutil.Process(server_pid).cpu_affinity() or [])
+            if not released:
+                return None
+            pids = ", ".join(map(str, released))
+            return (
+                f"vLLM's EngineCore (PID {pids}) of another engine is back on every CPU: its "
+                f"workers share this engine's workers' CPUs {sorted(worker_cpus)}"
+            )
         moved = []
         for core in cores:
             if worker_cpus and worker_cpus < set(core.cpu_affinity() or []):

@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 
 import psutil
 
-from serving.engine.core_affinity import pin_engine_core
+from serving.engine.core_affinity import pin_engine_core, spread_binding
 from serving.engine.lifeline import with_lifeline
 from serving.engine.load_stats import LoadMonitor, LoadStats
 from serving.engine.port_check import describe, listener
@@ -99,7 +99,8 @@ class EngineProcess:
     base_url: str
     log_path: Path
     ranks: int = 1  # tensor-parallel workers: each logs its own weight loading
-    # The CPU build: once healthy, its EngineCore moves onto its workers' cores (core_affinity)
+    # The CPU build: bound apart from other engines' workers, and once healthy its EngineCore
+    # moves onto its workers' cores (core_affinity)
     engine_core_on_workers: bool = False
     popen: subprocess.Popen[bytes] | None = None
     started_at: float = 0.0
@@ -112,11 +113,17 @@ class EngineProcess:
         self._log_handle = self.log_path.open("ab")
         self._log_handle.write(f"--- starting: {' '.join(self.command.argv)}\n".encode())
         self._log_handle.flush()
+        env = self.command.full_env()
+        if self.engine_core_on_workers:
+            binding = spread_binding(env, self.ranks)
+            for name, value in binding.items():  # cores no other engine's worker holds
+                self._log_handle.write(f"--- {name}={value}\n".encode())
+            env |= binding
         log_offset = self._log_handle.tell()
         self.started_at = time.monotonic()
         self.popen = subprocess.Popen(
             with_lifeline(self.command.argv),
-            env=self.command.full_env(),
+            env=env,
             stdin=subprocess.DEVNULL,
             stdout=self._log_handle,
             stderr=subprocess.STDOUT,

@@ -12,16 +12,15 @@ from contextlib import contextmanager
 
 import psutil
 
-from serving.engine.core_affinity import pin_engine_core
+from serving.engine.core_affinity import BIND, pin_engine_core, spread_binding
 
 # The server starts an EngineCore, which starts a worker bound to `cpus` (as vLLM binds its
-# workers' OpenMP threads), each under vLLM's process title; a busy worker computes
-# without a pause, as one serving requests does.
+# workers' OpenMP threads), each under vLLM's process title.
 TREE = textwrap.dedent(
     """
     import os, subprocess, sys, time, setproctitle
-    role, cpus, busy = sys.argv[1], [int(c) for c in sys.argv[2].split(",")], sys.argv[3]
-    again = [sys.executable, "-c", sys.argv[4]]
+    role, cpus = sys.argv[1], [int(c) for c in sys.argv[2].split(",")]
+    again = [sys.executable, "-c", sys.argv[3]]
     if role == "server":
         subprocess.Popen([*again, "core", *sys.argv[2:]])
     elif role == "core":
@@ -30,18 +29,15 @@ TREE = textwrap.dedent(
     else:
         setproctitle.setproctitle("VLLM::Worker")
         os.sched_setaffinity(0, cpus)
-        while busy == "busy":
-            pass
     time.sleep(60)
     """
 )
 
 
 @contextmanager
-def vllm_like_tree(worker_cpus: list[int], *, busy: bool = False) -> Iterator[int]:
+def vllm_like_tree(worker_cpus: list[int]) -> Iterator[int]:
     cpus = ",".join(map(str, worker_cpus))
-    load = "busy" if busy else "idle"
-    server = subprocess.Popen([sys.executable, "-c", TREE, "server", cpus, load, TREE])
+    server = subprocess.Popen([sys.executable, "-c", TREE, "server", cpus, TREE])
     try:
         deadline = time.monotonic() + 30
         while not any(
@@ -85,16 +81,28 @@ def test_nothing_moves_when_the_workers_have_every_cpu_or_no_worker_is_a_child()
     assert pin_engine_core(os.getpid()) is None  # no vLLM below this process (Ray workers)
 
 
-def test_nothing_moves_where_a_busy_worker_of_another_engine_shares_the_cpus() -> None:
+def test_beside_another_engines_worker_neither_engine_core_stays_on_the_shared_cpus() -> None:
     cpus = sorted(os.sched_getaffinity(0))
-    with vllm_like_tree(cpus[:1], busy=True), vllm_like_tree(cpus[:1]) as second:
-        assert pin_engine_core(second) is None
-        assert engine_core(second).cpu_affinity() == cpus
+    with vllm_like_tree(cpus[:1]) as first:
+        engine_core(first).cpu_affinity(cpus[:1])  # pinned while it ran alone
+        with vllm_like_tree(cpus[:1]) as second:
+            line = pin_engine_core(second)
+            assert engine_core(second).cpu_affinity() == cpus
+            assert engine_core(first).cpu_affinity() == cpus
+            assert line == (
+                f"vLLM's EngineCore (PID {engine_core(first).pid}) of another engine is back on "
+                f"every CPU: its workers share this engine's workers' CPUs {cpus[:1]}"
+            )
+            assert pin_engine_core(second) is None  # nothing left to move
 
 
-def test_an_idle_engine_beside_it_does_not_keep_the_engine_core_off_its_cpus() -> None:
+def test_a_second_engine_is_bound_to_cores_no_other_engines_worker_holds() -> None:
     cpus = sorted(os.sched_getaffinity(0))
-    with vllm_like_tree(cpus[:1]) as first, vllm_like_tree(cpus[:1]) as second:
-        assert pin_engine_core(second) is not None
-        assert engine_core(second).cpu_affinity() == cpus[:1]
-        assert engine_core(first).cpu_affinity() == cpus  # the idle one is not touched
+    assert spread_binding({}, 1) == {}  # alone: vLLM's own binding
+    with vllm_like_tree(cpus[:1]):
+        free = cpus[1:-1] if len(cpus) > 2 else cpus[1:]  # one left for the rest
+        assert spread_binding({}, 1) == {BIND: ",".join(map(str, free))}
+        assert spread_binding({BIND: "0"}, 1) == {}  # the profile's own binding
+        assert spread_binding({}, 2) == {}  # several workers: vLLM binds them
+    with vllm_like_tree(cpus):
+        assert spread_binding({}, 1) == {}  # every core held: vLLM's own binding
