@@ -285,12 +285,13 @@ class Completions:
         quota, lease, outcome = self._quota, held.admission.lease, held.outcome
         # An aborted request is charged its prompt and what was generated: in a stream,
         # vLLM's running count as far as it was read (`ResponseMeter.streamed_tokens`);
-        # otherwise the prompt estimate and every choice's whole max_tokens, all of which
-        # the engine may have produced.
+        # otherwise (or when vLLM ran on past the last read) the prompt estimate and every
+        # choice's whole max_tokens, all of which the engine may have produced.
         prompt = _cut_prompt(parsed, meter)
         seen = held.admission.max_tokens * parsed.choices
-        if parsed.stream:
-            seen = min(meter.streamed_tokens(parsed.choices), seen)
+        streamed = meter.streamed_tokens(parsed.choices) if parsed.stream else None
+        if streamed is not None:
+            seen = min(streamed, seen)
         usage = meter.usage
         if not held.relayed and usage is None and outcome.error is None:  # shutdown, a bug
             await quota.abort(lease, prompt, seen)

@@ -371,20 +371,25 @@ async def _drain(response: HopResponse, meter: ResponseMeter) -> None:
     vLLM does not wait for a slow reader: it goes on generating and merges what was not
     read yet into its next event. When a client that stopped reading goes away, those
     tokens were made all the same and are charged: read (never relayed) until the stream
-    ends, nothing comes for `DRAIN_IDLE_S`, or `DRAIN_S` have passed; closing the
-    response afterwards is what aborts the request in vLLM."""
+    ends or nothing comes for `DRAIN_IDLE_S`; closing the response afterwards is what aborts
+    the request in vLLM. A drain still reading after `DRAIN_S` (or failing) never caught up
+    with what vLLM made: the meter is marked `overtaken`, and the request is charged its
+    bound."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + DRAIN_S
+    meter.strip_chunk_usage = False  # nothing is relayed any more
     try:
         while (left := deadline - loop.time()) > 0:
             chunk = await asyncio.wait_for(response.read(), min(left, DRAIN_IDLE_S))
             if not chunk:
-                break
+                return
             meter.feed(chunk)
     except TimeoutError:
-        pass
+        if deadline - loop.time() > 0:  # idle: vLLM had nothing more to send
+            return
     except UPSTREAM_FAILURES:
         pass
+    meter.overtaken = True
 
 
 class _DisconnectWatch:

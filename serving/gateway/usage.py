@@ -105,6 +105,7 @@ class ResponseMeter:
         "delta_bytes",
         "events",
         "inband_error",
+        "overtaken",
         "problem",
         "responses",
         "strip_chunk_usage",
@@ -141,6 +142,9 @@ class ResponseMeter:
         self.delta_bytes = 0
         """Responses streams: UTF-8 bytes of the text their delta events carried."""
         self.inband_error = False
+        self.overtaken = False
+        """vLLM went on past what was read, and the gateway let go before it caught up (a
+        client that stopped reading went away): what it generated is unknown."""
         self.problem: str | None = None
         self._pending = b""
         self._last_chunk_usage = b""
@@ -153,11 +157,14 @@ class ResponseMeter:
         chunk counts its own choice's tokens)."""
         return usage_of(_loads(self._last_chunk_usage)) if self._last_chunk_usage else None
 
-    def streamed_tokens(self, choices: int) -> int:
+    def streamed_tokens(self, choices: int) -> int | None:
         """Completion tokens of a stream cut short, never below what vLLM made of it as far
         as the gateway read: vLLM's running count, or `tokens_per_event` per event without
         one. With n > 1 the count is one choice's, and the others' events for the same step
-        may still be on their way: (count + tokens_per_event) per choice."""
+        may still be on their way: (count + tokens_per_event) per choice. None when the
+        stream was `overtaken` (no count read bounds it)."""
+        if self.overtaken:
+            return None
         if self.responses:
             # No running count, and vLLM merges several tokens into one delta for a reader
             # that fell behind: bound the tokens by the bytes of the deltas' text (a

@@ -240,13 +240,17 @@ class OracleTarget(Protocol):
 def accounting_oracle(request: pytest.FixtureRequest) -> Iterator[None]:
     """vLLM's own counters check the accounting of every test on real engines behind
     gateways: the tokens the gateways charged meanwhile cover what the engines counted
-    (`oracle`). A test that reaches an engine around the gateways is marked `engine_direct`;
-    one that kills or freezes what the oracle reads, `oracle_exempt`."""
+    (`oracle`), a test's own gateways in front of them (`oracle.front`) included. A test that
+    reaches an engine around the gateways is marked `engine_direct`; one that kills or freezes
+    what the oracle reads, `oracle_exempt`."""
+    from tests.integration import oracle  # it reads this module's `scrape`
+
     if request.node.get_closest_marker("engine_direct") or request.node.get_closest_marker(
         "oracle_exempt"
     ):
         _last_ledger.clear()
         yield
+        oracle.forget_stopped()
         return
     targets: dict[str, OracleTarget] = {}
     for name in ORACLE_FIXTURES:
@@ -257,21 +261,23 @@ def accounting_oracle(request: pytest.FixtureRequest) -> Iterator[None]:
     if not targets:
         yield
         return
-    from tests.integration.oracle import read_ledger  # it reads this module's `scrape`
-
     urls = {name: target.oracle_urls() for name, target in targets.items()}
+
+    def read(name: str, *, steady: bool) -> Ledger:
+        gateways, engines = urls[name]
+        return oracle.read_ledger([*gateways, *oracle.fronts_of(engines)], engines, steady=steady)
+
     before = {
-        name: _last_ledger.pop(name)
-        if name in _last_ledger
-        else read_ledger(*urls[name], steady=False)
+        name: _last_ledger.pop(name) if name in _last_ledger else read(name, steady=False)
         for name in targets
     }
     yield
     for name in targets:
-        after = read_ledger(*urls[name])
+        after = read(name, steady=True)
+        _last_ledger[name] = after
+        after = after.with_gateways(oracle.stopped_fronts(urls[name][1]))
         shortfall = after.shortfall(before[name])
         assert shortfall <= 0, (
             f"{name}: the engines counted {shortfall:g} tokens more than the gateways charged "
             f"(slack for cut requests included): before {before[name]}, after {after}"
         )
-        _last_ledger[name] = after

@@ -1,7 +1,7 @@
 """The accounting oracle of the service tier: vLLM's own token counters.
 
-The gateway is its engine's only client, so over any interval the tokens it charged must
-cover the tokens the engine worked on: every generated token, and every prompt token it
+The gateways are their engines' only clients, so over any interval the tokens they charged
+must cover the tokens the engines worked on: every generated token, and every prompt token
 computed (`vllm:prompt_tokens_by_source_total{source="local_compute"}`; a prompt served from
 the prefix cache, e.g. the second choice of `n: 2`, is charged once but computed once too).
 A request charged by a bound (no final usage: cut, aborted) may have generated a few more
@@ -10,39 +10,70 @@ prompts) is allowed `CUT_SLACK_TOKENS`.
 
 `conftest.accounting_oracle` reads both sides before and after every test that uses a
 stack of real engines behind gateways (a fixture named in `conftest.ORACLE_FIXTURES` whose
-value has `oracle_urls()`: every gateway and engine, summed); a test that sends requests
-straight to an engine (uncharged on purpose) says so with `@pytest.mark.engine_direct`, one
-that kills or freezes what the oracle reads with `@pytest.mark.oracle_exempt`.
+value has `oracle_urls()`: every gateway and engine, summed). A gateway a test starts in
+front of such an engine is counted too while it runs inside `front(url, engine)`, and its
+last count when it stops. A test that sends requests straight to an engine (uncharged on
+purpose) says so with `@pytest.mark.engine_direct`, one that kills or freezes what the
+oracle reads with `@pytest.mark.oracle_exempt`.
+
+    with front(gateway_url, stack.engine_url):   # a gateway of the test's own
+        ...
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 
 from serving.gateway.usage import CUT_SLACK_TOKENS
 from tests.integration.conftest import Samples, scrape, total
 
-__all__ = ["CUT_SLACK_TOKENS", "Ledger", "read_ledger"]
+__all__ = [
+    "CUT_SLACK_TOKENS",
+    "Ledger",
+    "forget_stopped",
+    "front",
+    "fronts_of",
+    "read_ledger",
+    "stopped_fronts",
+]
+
+Charges = tuple[float, float]
+"""One gateway's tokens charged for requests on its engines, and sequences charged by a bound."""
 
 
 @dataclass(frozen=True)
 class Ledger:
     engine_tokens: float
     """Generated plus computed prompt tokens, by vLLM's counters."""
-    charged: float
-    """Tokens the gateway charged for requests on the engine."""
-    cut: float
-    """Sequences of the requests it charged by a bound."""
+    gateways: Mapping[str, Charges] = field(default_factory=dict)
+    """Each gateway's charges, by its URL."""
+
+    @property
+    def charged(self) -> float:
+        return sum(charged for charged, _ in self.gateways.values())
+
+    @property
+    def cut(self) -> float:
+        return sum(cut for _, cut in self.gateways.values())
 
     def shortfall(self, earlier: Ledger) -> float:
-        """How far the charges since `earlier` fall short of the engine's count, less the
-        slack of the cut requests (positive: tokens the engine made that nobody paid)."""
+        """How far the charges since `earlier` fall short of the engines' count, less the
+        slack of the cut requests (positive: tokens the engines made that nobody paid). A
+        gateway `earlier` did not read started since, from nothing."""
         counted = self.engine_tokens - earlier.engine_tokens
-        charged = self.charged - earlier.charged
-        slack = (self.cut - earlier.cut) * CUT_SLACK_TOKENS
-        return counted - charged - slack
+        charged = cut = 0.0
+        for url, (now_charged, now_cut) in self.gateways.items():
+            then_charged, then_cut = earlier.gateways.get(url, (0.0, 0.0))
+            charged += now_charged - then_charged
+            cut += now_cut - then_cut
+        return counted - charged - cut * CUT_SLACK_TOKENS
+
+    def with_gateways(self, stopped: Mapping[str, Charges]) -> Ledger:
+        """This ledger with the last charges of gateways that stopped since it was read."""
+        return Ledger(self.engine_tokens, {**stopped, **self.gateways})
 
 
 def engine_tokens(samples: Samples) -> float:
@@ -57,31 +88,36 @@ def read_ledger(
     steady: bool = True,
     settle_s: float = 30,
 ) -> Ledger:
-    """Both sides, summed over the gateways and the engines, once nothing runs and, when
-    `steady`, vLLM's counters stopped moving (they are updated as the engine's outputs are
-    processed, a moment after the last byte went out; an aborted request's last step comes
-    later still)."""
+    """Both sides, over the gateways and the engines, once nothing runs and, when `steady`,
+    vLLM's counters stopped moving (they are updated as the engine's outputs are processed,
+    a moment after the last byte went out; an aborted request's last step comes later
+    still)."""
     gateway_urls = [gateway_url] if isinstance(gateway_url, str) else list(gateway_url)
     engine_urls = [engine_url] if isinstance(engine_url, str) else list(engine_url)
     deadline = time.monotonic() + settle_s
     previous: Ledger | None = None
     while True:
         engines = [scrape(url) for url in engine_urls]
-        gateways = [scrape(url) for url in gateway_urls]
+        gateways = {url: scrape(url) for url in gateway_urls}
 
-        def both(samples: list[Samples], name: str) -> float:
+        def both(samples: Sequence[Samples], name: str) -> float:
             return sum(total(one, name) for one in samples)
 
         idle = (
             both(engines, "vllm:num_requests_running") == 0
             and both(engines, "vllm:num_requests_waiting") == 0
-            and both(gateways, "gateway_in_flight_requests") == 0
-            and both(gateways, "gateway_quota_leases") == 0
+            and both(list(gateways.values()), "gateway_in_flight_requests") == 0
+            and both(list(gateways.values()), "gateway_quota_leases") == 0
         )
         ledger = Ledger(
             sum(engine_tokens(one) for one in engines),
-            both(gateways, "gateway_engine_accounted_tokens_total"),
-            both(gateways, "gateway_engine_cut_sequences_total"),
+            {
+                url: (
+                    total(samples, "gateway_engine_accounted_tokens_total"),
+                    total(samples, "gateway_engine_cut_sequences_total"),
+                )
+                for url, samples in gateways.items()
+            },
         )
         if idle and (not steady or ledger == previous):
             return ledger
@@ -89,3 +125,40 @@ def read_ledger(
             raise AssertionError(f"the stack did not settle within {settle_s} s: {ledger}")
         previous = ledger if idle else None
         time.sleep(0.1)
+
+
+# Gateways of a test's own in front of an oracle-checked engine: URL -> engine URL while
+# they run; URL -> (engine URL, last charges) once stopped, until the oracle takes them.
+_fronts: dict[str, str] = {}
+_stopped: dict[str, tuple[str, Charges]] = {}
+
+
+@contextmanager
+def front(gateway_url: str, engine_url: str) -> Iterator[None]:
+    """Count `gateway_url`'s charges against `engine_url` while it runs; on the way out
+    (before the gateway stops) its last charges, once it and the engine are idle."""
+    _fronts[gateway_url] = engine_url
+    try:
+        yield
+    finally:
+        del _fronts[gateway_url]
+        last = read_ledger(gateway_url, engine_url)
+        _stopped[gateway_url] = (engine_url, last.gateways[gateway_url])
+
+
+def fronts_of(engine_urls: Sequence[str]) -> list[str]:
+    """The running fronts of these engines."""
+    return [url for url, engine in _fronts.items() if engine in engine_urls]
+
+
+def stopped_fronts(engine_urls: Sequence[str]) -> dict[str, Charges]:
+    """The last charges of the fronts of these engines that stopped since the last call."""
+    taken = {url: charges for url, (engine, charges) in _stopped.items() if engine in engine_urls}
+    for url in taken:
+        del _stopped[url]
+    return taken
+
+
+def forget_stopped() -> None:
+    """Drop the fronts that stopped in a test the oracle does not check."""
+    _stopped.clear()

@@ -29,12 +29,12 @@ from pathlib import Path
 
 import aiohttp
 import httpx
-import pytest
 
 from serving.engine.process import http_ok
 from serving.gateway.settings import GatewaySettings
 from serving.models.tiny_model import MODEL_NAME as MODEL
 from tests.integration.conftest import REPO, Stack, eventually, scrape, serving_env, total
+from tests.integration.oracle import front
 from tests.integration.test_gateway_quota import create_key, idle
 from tests.ports import free_port
 
@@ -171,7 +171,8 @@ def eight_slot_gateway(
             assert process.poll() is None, log.read_text()
             assert time.monotonic() < deadline, log.read_text()
             time.sleep(0.2)
-        yield url, f"http://127.0.0.1:{metrics_port}"
+        with front(url, stack.engine_url):
+            yield url, f"http://127.0.0.1:{metrics_port}"
     finally:
         process.terminate()
         process.wait(30)
@@ -218,7 +219,6 @@ def raw_request(url: str, secret: str, body: dict[str, object], *, rcvbuf: int) 
     return sock
 
 
-@pytest.mark.engine_direct  # a gateway of the test's own charges it
 def test_a_request_waits_no_longer_than_its_deadline(stack: Stack, tmp_path: Path) -> None:
     _, holder = create_key(stack, "fair-holder")
     waiter_id, waiter = create_key(stack, "fair-waiter")
@@ -242,7 +242,6 @@ def test_a_request_waits_no_longer_than_its_deadline(stack: Stack, tmp_path: Pat
         assert total(scrape(stack.engine_url), "vllm:prompt_tokens_total") == prompts_before
 
 
-@pytest.mark.engine_direct  # a gateway of the test's own charges it
 def test_a_client_that_leaves_while_waiting_leaves_the_queue(stack: Stack, tmp_path: Path) -> None:
     _, holder = create_key(stack, "fair-holder-2")
     leaver_id, leaver = create_key(stack, "fair-leaver")

@@ -40,6 +40,7 @@ import yaml
 from openai import OpenAI
 
 from tests.integration.conftest import REPO, Stack, eventually, serving_env
+from tests.integration.oracle import front
 from tests.k8s.rendered import Obj, Rendered, Renders, gateway_env
 from tests.ports import free_port
 
@@ -156,7 +157,6 @@ def redis_service(demo: Rendered, tmp_path: Path) -> Iterator[str]:
         process.wait(timeout=30)
 
 
-@pytest.mark.engine_direct  # the rendered pod's own gateway charges it
 def test_the_gateway_pod_as_rendered_serves_with_its_secret_and_drains(
     demo: Rendered, stack: Stack, redis_service: str, tmp_path: Path
 ) -> None:
@@ -214,9 +214,10 @@ def test_the_gateway_pod_as_rendered_serves_with_its_secret_and_drains(
             path = probe_path(container, probe)
             eventually(lambda path=path: answers(path), budget_s=60)  # type: ignore[misc]
         client = OpenAI(base_url=f"{url}/v1", api_key=secret)
-        reply = client.chat.completions.with_raw_response.create(
-            model="qwen3-tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=4
-        )
+        with front(url, stack.engine_url):
+            reply = client.chat.completions.with_raw_response.create(
+                model="qwen3-tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=4
+            )
         assert reply.http_response.status_code == 200
         assert reply.headers["x-ratelimit-limit-requests"] == "1000"
         public = requests.get(f"{url}/metrics", timeout=5)

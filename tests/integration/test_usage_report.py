@@ -38,6 +38,7 @@ from tests.integration.conftest import (
     serving_env,
     total,
 )
+from tests.integration.oracle import front
 from tests.integration.test_disconnect import running_requests
 
 ADMIN_KEY = "adm-integration-usage"
@@ -57,7 +58,8 @@ def gateway(stack: Stack, keys_db: Path) -> Iterator[GatewayServer]:
     )
     server = GatewayServer(settings)
     server.start()
-    yield server
+    with front(server.url, stack.engine_url):
+        yield server
     server.stop()
 
 
@@ -118,7 +120,6 @@ def idle(stack: Stack, gateway: GatewayServer) -> bool:
     return running_requests(stack.engine_url) == 0 and in_flight == 0
 
 
-@pytest.mark.engine_direct  # a gateway of the test's own charges it
 def test_the_report_equals_the_responses_the_gateway_and_vllm(
     stack: Stack, gateway: GatewayServer, keys_db: Path
 ) -> None:
