@@ -12,12 +12,16 @@ prompts) is allowed `CUT_SLACK_TOKENS`.
 stack of real engines behind gateways (a fixture named in `conftest.ORACLE_FIXTURES` whose
 value has `oracle_urls()`: every gateway and engine, summed). A gateway a test starts in
 front of such an engine is counted too while it runs inside `front(url, engine)`, and its
-last count when it stops. A test that sends requests straight to an engine (uncharged on
-purpose) says so with `@pytest.mark.engine_direct`, one that kills or freezes what the
-oracle reads with `@pytest.mark.oracle_exempt`.
+last count when it stops. Requests sent straight to an engine (uncharged on purpose) go
+inside `off_the_books`: what the engine counts there is left out, and no gateway may charge
+anything meanwhile. A test that reaches an engine around the gateways otherwise says so with
+`@pytest.mark.engine_direct`, one that kills or freezes what the oracle reads with
+`@pytest.mark.oracle_exempt`.
 
     with front(gateway_url, stack.engine_url):   # a gateway of the test's own
         ...
+    with stack.off_the_books():                  # oracle.off_the_books(*stack.oracle_urls())
+        stack.direct_client().chat.completions.create(...)
 """
 
 from __future__ import annotations
@@ -36,8 +40,10 @@ __all__ = [
     "forget_stopped",
     "front",
     "fronts_of",
+    "off_the_books",
     "read_ledger",
     "stopped_fronts",
+    "uncharged",
 ]
 
 Charges = tuple[float, float]
@@ -131,6 +137,9 @@ def read_ledger(
 # they run; URL -> (engine URL, last charges) once stopped, until the oracle takes them.
 _fronts: dict[str, str] = {}
 _stopped: dict[str, tuple[str, Charges]] = {}
+# Tokens engines counted for requests sent around the gateways on purpose, by engine URL,
+# until the oracle takes them.
+_uncharged: dict[str, float] = {}
 
 
 @contextmanager
@@ -160,5 +169,28 @@ def stopped_fronts(engine_urls: Sequence[str]) -> dict[str, Charges]:
 
 
 def forget_stopped() -> None:
-    """Drop the fronts that stopped in a test the oracle does not check."""
+    """Drop what a test the oracle does not check left: stopped fronts, uncharged tokens."""
     _stopped.clear()
+    _uncharged.clear()
+
+
+@contextmanager
+def off_the_books(gateway_urls: Sequence[str], engine_urls: Sequence[str]) -> Iterator[None]:
+    """Requests sent straight to these engines inside: what the engines count meanwhile is
+    left out of the oracle, and the gateways (their fronts too) must charge nothing in it,
+    so no gateway request hides there. Both sides are read idle and settled on the way in
+    and out."""
+    gateways = [*gateway_urls, *fronts_of(engine_urls)]
+    before = read_ledger(gateways, engine_urls)
+    yield
+    after = read_ledger(gateways, engine_urls)
+    assert after.gateways == before.gateways, (
+        f"a gateway charged requests among the ones sent around it: {before} -> {after}"
+    )
+    key = " ".join(sorted(engine_urls))
+    _uncharged[key] = _uncharged.get(key, 0.0) + after.engine_tokens - before.engine_tokens
+
+
+def uncharged(engine_urls: Sequence[str]) -> float:
+    """The tokens these engines counted `off_the_books` since the last call."""
+    return _uncharged.pop(" ".join(sorted(engine_urls)), 0.0)

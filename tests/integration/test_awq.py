@@ -14,7 +14,6 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-import pytest
 from openai import OpenAI
 from tokenizers import Tokenizer
 
@@ -75,12 +74,11 @@ def score(
     return chosen, top
 
 
-@pytest.mark.engine_direct  # compares with a request sent to vLLM itself
 def test_awq_engine_stays_close_to_bf16(stack: Stack) -> None:
     tokenizer = Tokenizer.from_file(str(Path(ensure_tiny_model()) / "tokenizer.json"))
     bf16 = stack.direct_client()
     port = free_port()
-    with engine_process("cpu-tiny-awq", port):
+    with engine_process("cpu-tiny-awq", port), stack.off_the_books():
         awq = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused")
         gaps: list[float] = []
         margins: list[float] = []  # bf16's preference for its own token where AWQ's differed
