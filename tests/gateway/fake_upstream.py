@@ -234,7 +234,9 @@ class FakeUpstream:
             self._record(f"{token}:started")
             try:
                 response = await handler(request)
-            except asyncio.CancelledError:
+            except (asyncio.CancelledError, ConnectionResetError):
+                # Its client closed the request: the handler is cancelled when aiohttp sees the
+                # connection go first, its next write fails when the write comes first.
                 self._record(f"{token}:cancelled")
                 raise
             self._record(f"{token}:finished")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import cast
+from typing import Any, cast
 
 import pytest
 from openai.types.chat import ChatCompletionMessageParam, ChatCompletionStreamOptionsParam
@@ -45,14 +45,12 @@ def test_max_tokens_is_respected(stack: Stack) -> None:
 
 
 def test_stream_arrives_in_chunks_and_usage_matches_vllm(stack: Stack) -> None:
-    stream = stack.client().chat.completions.create(
-        model=MODEL,
-        messages=MESSAGES,
-        max_tokens=24,
-        temperature=0,
+    ask: dict[str, Any] = dict(
+        model=MODEL, messages=MESSAGES, max_tokens=24, temperature=0,
         extra_body={"ignore_eos": True},
-        stream=True,
-        stream_options={"include_usage": True},
+    )  # fmt: skip
+    stream = stack.client().chat.completions.create(
+        **ask, stream=True, stream_options={"include_usage": True}
     )
     pieces: list[str] = []
     usage = None
@@ -64,13 +62,7 @@ def test_stream_arrives_in_chunks_and_usage_matches_vllm(stack: Stack) -> None:
     assert len(pieces) >= 3, pieces  # 24 tokens, events of up to the profile's 8
     assert usage is not None and usage.completion_tokens == 24
     with stack.off_the_books():
-        direct = stack.direct_client().chat.completions.create(
-            model=MODEL,
-            messages=MESSAGES,
-            max_tokens=24,
-            temperature=0,
-            extra_body={"ignore_eos": True},
-        )
+        direct = stack.direct_client().chat.completions.create(**ask)
     assert direct.usage is not None
     assert direct.usage.prompt_tokens == usage.prompt_tokens
     assert direct.usage.completion_tokens == usage.completion_tokens
