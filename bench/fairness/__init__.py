@@ -5,8 +5,9 @@ engine, with vLLM's first-come-first-served queue and with the gateway's fair qu
 
 One real vLLM engine (the cpu-tiny profile, its compute bound to core 0) and one gateway per
 setting in front of it (core 1): `--scheduling fcfs`, and `--scheduling fair` with each
-`--reserved-slots` of the curve. Two keys: the quiet one sends a short stream at a steady rate,
-the noisy one keeps several times the engine's `max_num_seqs` long streams going. Each run
-measures the quiet key alone, then under the flood through every gateway, interleaved, and
-reads vLLM's own generated-token counter for the throughput. Medians over the runs.
+`--reserved-slots` asked for. Two keys: the quiet one sends a short stream at a steady rate,
+the noisy one keeps a flood of long streams going, at each size asked for (`--noisy-streams`,
+1x, 2x and 4x the engine's `max_num_seqs` by default). Each run measures the quiet key alone,
+then under each flood through every gateway, and reads vLLM's own generated-token counter for
+the throughput; the quiet key's median, p99 and worst first token are judged run by run.
 """
