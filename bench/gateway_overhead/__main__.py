@@ -22,7 +22,7 @@ from serving.gateway.settings import API_KEY_ENV
 FULL = Plan(seconds=4.0, runs=3, concurrency=32, warmup_s=1.0)
 # A smoke run for the tests: every path twice (interleaving and medians run), each
 # measurement as short as still gives each proxy's CPU a few hundred requests.
-QUICK = Plan(seconds=0.3, runs=2, concurrency=32, warmup_s=0.2)
+QUICK = Plan(seconds=0.3, runs=2, concurrency=32, warmup_s=0.2, warm_s=0.1)
 SECRET_FLAGS = ("--api-key", "--engine-api-key")
 
 
@@ -75,6 +75,7 @@ def plan_from(args: argparse.Namespace) -> Plan:
         runs=args.runs or base.runs,
         concurrency=args.concurrency or base.concurrency,
         warmup_s=base.warmup_s,
+        warm_s=base.warm_s,
     )
     if plan.seconds <= 0 or plan.runs < 1 or plan.concurrency < 1:
         raise BenchError(f"--seconds/--runs/--concurrency: must be positive, got {plan}")

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from bench.gateway_overhead.load import Sample, measure
+from bench.gateway_overhead.load import WARM_S, Sample, measure
 from bench.gateway_overhead.paths import PathUnderTest
 from bench.gateway_overhead.redis_server import ROUND_TRIPS, delta
 
@@ -33,6 +33,8 @@ class Plan:
     runs: int
     concurrency: int
     warmup_s: float = 1.0
+    warm_s: float = WARM_S
+    """Each measurement's own warm-up before its window opens."""
 
     def describe(self) -> dict[str, float]:
         return {
@@ -40,6 +42,7 @@ class Plan:
             "runs": self.runs,
             "concurrency": self.concurrency,
             "warmup_s": self.warmup_s,
+            "warm_s": self.warm_s,
         }
 
 
@@ -59,6 +62,7 @@ async def measure_metric(
         concurrency=1 if metric == LATENCY else plan.concurrency,
         stream=metric == STREAM,
         cpu_groups=cpu_groups,
+        warm_s=plan.warm_s,
     )
     if path.redis is not None and before is not None:
         sample = replace(sample, commands=delta(before, await path.redis.commands()))

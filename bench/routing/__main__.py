@@ -25,7 +25,7 @@ STEM = "routing"
 # quick one is a smoke run for the tests: every path measured twice (the interleaving and
 # the medians run), as short as still gives each proxy's CPU a few hundred requests.
 FULL = Plan(seconds=4.0, runs=3, concurrency=32, warmup_s=1.0)
-QUICK = Plan(seconds=0.3, runs=2, concurrency=32, warmup_s=0.2)
+QUICK = Plan(seconds=0.3, runs=2, concurrency=32, warmup_s=0.2, warm_s=0.1)
 FULL_SHAPE = Shape(conversations=8, turns=8)
 QUICK_SHAPE = Shape(conversations=4, turns=3)
 PARTS = ("overhead", "cache")
@@ -89,6 +89,7 @@ async def run(args: argparse.Namespace, command: Sequence[str]) -> int:
         runs=args.runs or base.runs,
         concurrency=args.concurrency or base.concurrency,
         warmup_s=base.warmup_s,
+        warm_s=base.warm_s,
     )
     shape = Shape(
         conversations=args.conversations or shape.conversations,
