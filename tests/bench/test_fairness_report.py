@@ -35,8 +35,10 @@ def test_the_worst_request_is_judged_in_every_run() -> None:
 
 
 def test_the_report_shows_each_flood_beside_fcfs_under_the_same_flood() -> None:
-    doc = {"command": "python -m bench.fairness", "created": "2026-12-07T10:00:00+00:00",
-           "plan": {}, "machine": {"cpus": 2}, "runs": [run(80), run(120)]}  # fmt: skip
+    doc: dict[str, object] = {
+        "command": "python -m bench.fairness", "created": "2026-12-07T10:00:00+00:00",
+        "plan": {}, "machine": {"cpus": 2}, "runs": [run(80), run(120)],
+    }  # fmt: skip
     text = report(doc)
     row = next(line for line in text.splitlines() if line.startswith("| fair, 1 reserved, 16"))
     # worst 80 and 120 ms against 30 alone: median of the runs 3.33x, the worse run 4.00x
