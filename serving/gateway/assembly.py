@@ -229,6 +229,7 @@ def assemble(
         quota_store_errors=(lambda: shared.errors) if shared else lambda: 0,
         keys_file_up=keys.keys_file_up,
         engines=fleet.everything,
+        retired=lambda: fleet.router.retired,
         discovery_errors=(lambda: discovery.errors) if discovery else lambda: 0,
         queue=queue,
     )

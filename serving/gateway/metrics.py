@@ -105,6 +105,10 @@ class Histogram:
         return rows
 
 
+RETIRED = "retired"
+"""The engine label the counters of the engines a gateway forgot are summed under."""
+
+
 class GatewayMetrics:
     def __init__(
         self,
@@ -117,6 +121,7 @@ class GatewayMetrics:
         quota_store_errors: Callable[[], int] = lambda: 0,
         keys_file_up: Callable[[], bool] = lambda: True,
         engines: Callable[[], Sequence[EngineState]] = tuple,
+        retired: Callable[[], EngineCounts | None] = lambda: None,
         discovery_errors: Callable[[], int] = lambda: 0,
         queue: QueueState | None = None,
     ) -> None:
@@ -137,6 +142,7 @@ class GatewayMetrics:
         self._quota_store_errors = quota_store_errors
         self._keys_file_up = keys_file_up
         self._engines = engines
+        self._retired = retired
         self._discovery_errors = discovery_errors
         self._queue = queue
         self.registry = CollectorRegistry(auto_describe=False)
@@ -312,6 +318,13 @@ class GatewayMetrics:
             failovers.add_metric(label, engine.failovers)
             accounted.add_metric(label, engine.accounted_tokens)
             cut.add_metric(label, engine.cut_sequences)
+        retired = self._retired()
+        if retired is not None and retired.requests:  # forgotten engines, summed
+            label = (RETIRED,)
+            requests.add_metric(label, retired.requests)
+            failovers.add_metric(label, retired.failovers)
+            accounted.add_metric(label, retired.accounted_tokens)
+            cut.add_metric(label, retired.cut_sequences)
         yield from (rotation, in_flight, requests, failovers, accounted, cut)
         yield GaugeMetricFamily(
             "gateway_engines_known",
@@ -330,7 +343,20 @@ class GatewayMetrics:
         )
 
 
-class EngineState(Protocol):
+class EngineCounts(Protocol):
+    """An engine's counters (`routing.Engine`; forgotten ones summed: `routing.Retired`)."""
+
+    @property
+    def requests(self) -> int: ...
+    @property
+    def failovers(self) -> int: ...
+    @property
+    def accounted_tokens(self) -> int: ...
+    @property
+    def cut_sequences(self) -> int: ...
+
+
+class EngineState(EngineCounts, Protocol):
     """What the metrics read of an engine (`routing.Engine`)."""
 
     @property
@@ -341,14 +367,6 @@ class EngineState(Protocol):
     def draining(self) -> bool: ...
     @property
     def in_flight(self) -> int: ...
-    @property
-    def requests(self) -> int: ...
-    @property
-    def failovers(self) -> int: ...
-    @property
-    def accounted_tokens(self) -> int: ...
-    @property
-    def cut_sequences(self) -> int: ...
 
 
 class KeyQueueState(Protocol):

@@ -17,7 +17,7 @@ Rules:
 - policies: `least-loaded` (ties in turn), `round-robin`, `affinity` (the engine that served
   the longest prefix, unless it has `overload` more in flight than the least-loaded one);
 - a drained engine leaves the rotation at once and its connections close when its last
-  request has (`reap`);
+  request has (`reap`); its counters are then added to `retired`;
 - `on_rotation` reports the rotation's size, which the fair queue's slots follow;
 - load counts and the prefix table are per replica: routing costs no network call.
 """
@@ -93,12 +93,34 @@ class Engine:
         return self.reason is DRAINING
 
 
+class Retired:
+    """The counters of the engines this gateway forgot (drained, then reaped), summed. The
+    metrics export them as one engine, `RETIRED`: a sum over engines never goes down (the
+    accounting oracle and `increase(sum(...))` rely on it), and a fleet whose pods come and
+    go does not leave a series per address forever."""
+
+    __slots__ = ("accounted_tokens", "cut_sequences", "failovers", "requests")
+
+    def __init__(self) -> None:
+        self.requests = 0
+        self.failovers = 0
+        self.accounted_tokens = 0
+        self.cut_sequences = 0
+
+    def add(self, engine: Engine) -> None:
+        self.requests += engine.requests
+        self.failovers += engine.failovers
+        self.accounted_tokens += engine.accounted_tokens
+        self.cut_sequences += engine.cut_sequences
+
+
 class Router:
     def __init__(self, engines: Sequence[Engine], *, policy: Policy, overload: int) -> None:
         self.engines = tuple(engines)
         """The engines requests may go to (draining ones are no longer here)."""
         self.draining: tuple[Engine, ...] = ()
         """Engines left out of the rotation for good, serving their last requests."""
+        self.retired = Retired()
         self.policy = policy
         self._overload = overload
         self._next = 0
@@ -162,6 +184,8 @@ class Router:
         done = [engine for engine in self.draining if engine.in_flight == 0]
         if done:
             self.draining = tuple(engine for engine in self.draining if engine.in_flight)
+        for engine in done:
+            self.retired.add(engine)
         return done
 
     def connect_failed(self, engine: Engine, detail: str = "", *, timed_out: bool = False) -> None:

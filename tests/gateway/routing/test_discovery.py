@@ -14,6 +14,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from serving.gateway.metrics import RETIRED
 from serving.gateway.routing.discovery import DnsLookup, EngineDiscovery, Found, LookupFailed
 from serving.gateway.routing.router import Router
 from serving.gateway.settings import GatewaySettings
@@ -169,10 +170,15 @@ def test_a_vanished_address_drains_its_streams_finish_and_it_gets_nothing_new(
         thread.join(30)
     # both streams ran to their end, the drained engine's too
     assert all(status == 200 and text.count("data:") >= 3 for status, text in bodies.values())
-    # its last request done, the drained engine is forgotten (its connections closed)
+    # its last request done, the drained engine is forgotten (its connections closed); its
+    # counts go on under "retired", so a sum over engines never goes down
     assert eventually(
         lambda: leaving not in engine_series(gateway, "gateway_engine_requests_total"), CHANGE_S
     )
+    assert engine_series(gateway, "gateway_engine_requests_total") == {
+        engines[0].address: 4.0,
+        RETIRED: 1.0,
+    }
 
 
 def test_a_name_without_addresses_is_503_at_once_until_one_appears(

@@ -180,3 +180,21 @@ def test_the_rotation_watcher_hears_every_change_in_the_number_of_engines_in_rot
     routing.drain(second)
     routing.drain(first)  # out of the rotation already
     assert heard == [3, 2, 1, 2, 1, 0]
+
+
+def test_a_reaped_engine_s_counters_are_added_to_the_retired_sums() -> None:
+    """What the metrics export as one engine, so a sum over engines never goes down."""
+    routing = router(2)
+    first, second = routing.engines
+    for engine, scale in ((first, 1), (second, 10)):
+        engine.requests, engine.failovers = 3 * scale, 1 * scale
+        engine.accounted_tokens, engine.cut_sequences = 40 * scale, 2 * scale
+    routing.drain(first)
+    routing.drain(second)
+    second.in_flight = 1  # still serving: not reaped yet
+    assert routing.reap() == [first]
+    second.in_flight = 0
+    assert routing.reap() == [second]
+    retired = routing.retired
+    counts = (retired.requests, retired.failovers, retired.accounted_tokens, retired.cut_sequences)
+    assert counts == (33, 11, 440, 22)
