@@ -88,8 +88,6 @@ class CpuMonitor:
         return now
 
     def _loop(self) -> None:
-        psutil.cpu_percent(None)
-        self._account(self._tree(), self._now())
         while not self._stop.wait(self.interval_s):
             busiest, now = 0.0, self._now()
             procs = self._tree()
@@ -105,6 +103,11 @@ class CpuMonitor:
             self._busiest.append((now, busiest))
 
     def __enter__(self) -> CpuMonitor:
+        # The first reading before returning, not in the thread: a busy machine once started
+        # the thread after the process had sent its first request, and that run's window
+        # was not covered (no CPU per request).
+        psutil.cpu_percent(None)
+        self._account(self._tree(), self._now())
         self._thread.start()
         return self
 

@@ -1,10 +1,12 @@
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
 
 import psutil
+import pytest
 
 from loadtest.cpu import CpuMonitor
 
@@ -91,3 +93,23 @@ def test_a_window_is_the_same_on_either_clock_and_one_never_sampled_is_not_measu
     gap = (first + (second - first) / 3, first + 2 * (second - first) / 3)
     assert monitor.cpu_seconds(gap) is None
     assert monitor.summary(gap).host_mean_percent is None
+
+
+def test_a_window_that_starts_as_the_monitor_does_is_covered_even_if_its_thread_starts_late(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A busy machine once ran the sampling thread after Locust had sent its first request:
+    the run's window began before the first reading, and its CPU per request was not
+    measured."""
+    loop = CpuMonitor._loop
+
+    def late(monitor: CpuMonitor) -> None:
+        time.sleep(0.5)
+        loop(monitor)
+
+    monkeypatch.setattr(CpuMonitor, "_loop", late)
+    with CpuMonitor(os.getpid(), interval_s=0.1) as monitor:
+        started = time.time()
+        time.sleep(1.0)
+        ended = time.time()
+    assert monitor.cpu_seconds((started, ended)) is not None
