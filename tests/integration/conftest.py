@@ -247,14 +247,12 @@ class OracleTarget(Protocol):
 def accounting_oracle(request: pytest.FixtureRequest) -> Iterator[None]:
     """vLLM's own counters check the accounting of every test on real engines behind
     gateways: the tokens the gateways charged meanwhile cover what the engines counted
-    (`oracle`), a test's own gateways in front of them (`oracle.front`) included. A test that
-    reaches an engine around the gateways is marked `engine_direct`; one that kills or freezes
-    what the oracle reads, `oracle_exempt`."""
+    (`oracle`), a test's own gateways in front of them (`oracle.front`) included. Requests
+    sent around the gateways go inside `off_the_books`; a test that kills or freezes what the
+    oracle reads is marked `oracle_exempt`."""
     from tests.integration import oracle  # it reads this module's `scrape`
 
-    if request.node.get_closest_marker("engine_direct") or request.node.get_closest_marker(
-        "oracle_exempt"
-    ):
+    if request.node.get_closest_marker("oracle_exempt"):
         _last_ledger.clear()
         yield
         oracle.forget_stopped()

@@ -4,13 +4,14 @@ One engine serves every test here and in test_tenants.py (`lora_engine`, conftes
 Checked: vLLM lists the adapter beside its base; the adapter's greedy answer to chats it never
 saw is the sentence it was trained on, the base model's is not; turning LoRA on leaves the base
 model's answers as the plain engine's (the session stack, cpu-tiny); and the planner's LoRA
-bytes for the profile are the bytes of the buffers vLLM allocated.
+bytes for the profile are the bytes of the buffers vLLM allocated. These tests talk to
+cpu-tiny-lora's vLLM itself (test_tenants puts a gateway before it, and the accounting oracle
+checks that one); the session stack's engine only inside `off_the_books`.
 """
 
 from __future__ import annotations
 
 import httpx
-import pytest
 from openai import OpenAI
 
 from serving.engine.resolve import resolve_adapters
@@ -20,9 +21,6 @@ from serving.planner.profile_plan import profile_plan
 from serving.profiles import load_profile
 from tests.integration.conftest import MODEL, Stack
 from tests.integration.tenants.conftest import PROFILE
-
-# Every test here talks to cpu-tiny-lora's vLLM itself (test_tenants puts a gateway before it).
-pytestmark = pytest.mark.engine_direct
 
 ADAPTER = "team-a"
 # Chats the adapter was not trained on (checked below): it must have learned "always", not these.
@@ -60,7 +58,9 @@ def test_lora_on_leaves_the_base_models_answers_alone(lora_engine: str, stack: S
     lora = OpenAI(base_url=f"{lora_engine}/v1", api_key="unused")
     plain = stack.direct_client()
     for chat in CHATS:
-        assert greedy(lora, MODEL, chat) == greedy(plain, MODEL, chat), chat
+        with stack.off_the_books():
+            answer = greedy(plain, MODEL, chat)
+        assert greedy(lora, MODEL, chat) == answer, chat
 
 
 def test_planned_lora_bytes_equal_the_buffers_vllm_allocated(lora_engine: str) -> None:
