@@ -3,9 +3,10 @@
 `serving up` runs the gateway with the profile's max_num_seqs as its engine slots and fair
 scheduling on: a key that floods the engine within its limits gets at most the slots minus the
 reserved ones, the rest of its flood waits in the gateway (never in vLLM's first-come queue),
-and another key's request finds a slot at once. Under vLLM's FCFS queue the same flood made the
-quiet key wait for one of the flood's 256-token streams to end (6.7-7.2 s on the 2-core dev
-machine, `make bench-fairness`); here it starts in tens of milliseconds.
+and another key's request finds a slot at once, at floods of half to four times the engine's
+slots. Under vLLM's FCFS queue such a flood makes the quiet key wait for one of the flood's
+256-token streams to end (seconds, `make bench-fairness`); here its median stays within twice
+its time alone.
 
 A second gateway on the same engine, with eight slots and a 1 s deadline, shows the deadline
 and a departure on real processes: a client that reads nothing of an n = 8 stream holds all
@@ -29,6 +30,7 @@ from pathlib import Path
 
 import aiohttp
 import httpx
+import pytest
 
 from serving.engine.process import http_ok
 from serving.gateway.settings import GatewaySettings
@@ -38,12 +40,17 @@ from tests.integration.oracle import front
 from tests.integration.test_gateway_quota import create_key, idle
 from tests.ports import free_port
 
-FLOOD = 40  # streams the noisy key keeps going: 2.5x the engine's 16 sequences
+SLOTS = 16  # cpu-tiny's max_num_seqs, one engine
+# Streams the noisy key keeps going: half, once, twice and four times the engine's slots.
+FLOODS = (8, 16, 32, 64)
 NOISY_TOKENS = 256
-QUIET_REQUESTS = 5
-# The quiet key's time to first token under the flood: tens of ms with fair sharing, the
-# length of a noisy stream (~7 s here, more on a slower machine) under vLLM's FCFS queue.
-QUIET_TTFT_BOUND_S = 2.0
+QUIET_REQUESTS = 8
+# The quiet key's goal in the median (docs/fair-sharing.md): at most twice its time alone.
+MEDIAN_GOAL = 2.0
+# No quiet request waits for a noisy stream to end (vLLM's FCFS queue: 1.5-7.5 s here, the
+# stall issue 38 reported: 4-9 s). Its tail goal, 3x alone (tens of ms), is judged run by run
+# by `make bench-fairness`: one stall of a busy 2-core machine lands on one sample (2.3 s once).
+STALL_BOUND_S = 3.0
 
 
 def chat(max_tokens: int, *, stream: bool = True) -> dict[str, object]:
@@ -106,45 +113,58 @@ def time_to_first_token(url: str, secret: str) -> float:
         ) as response,
     ):  # fmt: skip
         assert response.status_code == 200, response.read()
-        for line in response.iter_lines():
-            if line.startswith("data: {") and '"content":"' in line:
-                return time.monotonic() - started
-    raise AssertionError("the stream carried no content")
+        first: float | None = None
+        for line in response.iter_lines():  # to its end: a quiet tenant reads its answer
+            if first is None and line.startswith("data: {") and '"content":"' in line:
+                first = time.monotonic() - started
+    assert first is not None, "the stream carried no content"
+    return first
 
 
-def test_a_flood_of_one_key_leaves_another_key_a_slot(stack: Stack) -> None:
-    noisy_id, noisy = create_key(stack, "fair-noisy")
-    quiet_id, quiet = create_key(stack, "fair-quiet")
+def ttfts(url: str, secret: str, count: int) -> list[float]:
+    return [time_to_first_token(url, secret) for _ in range(count)]
+
+
+@pytest.mark.parametrize("streams", FLOODS)
+def test_a_flood_of_one_key_leaves_another_key_a_slot(stack: Stack, streams: int) -> None:
+    noisy_id, noisy = create_key(stack, f"fair-noisy-{streams}")
+    quiet_id, quiet = create_key(stack, f"fair-quiet-{streams}")
     reserved = GatewaySettings.model_fields["reserved_slots"].default
+    assert reserved > 0
     metrics = stack.gateway_metrics_url  # the per-key series
-    with flood(stack.gateway_url, noisy, FLOOD):
+    alone = statistics.median(ttfts(stack.gateway_url, quiet, QUIET_REQUESTS))
+    with flood(stack.gateway_url, noisy, streams):
+        # the flood has every slot its key may take, and the excess waits in the gateway
+        running = min(streams, SLOTS - reserved)
         eventually(
-            lambda: total(scrape(metrics), "gateway_queue_waiting", key=noisy_id) > 0,
+            lambda: total(scrape(stack.gateway_url), "gateway_queue_running") >= running,
             budget_s=120,
         )
-        slots = total(scrape(stack.gateway_url), "gateway_queue_slots")
-        assert slots == 16  # the profile's max_num_seqs, one engine
-        waits = []
-        for _ in range(QUIET_REQUESTS):
-            waits.append(time_to_first_token(stack.gateway_url, quiet))
-            engine = scrape(stack.engine_url)
-            gateway = scrape(stack.gateway_url)
-            # the excess waits in the gateway (seen above), none in vLLM's queue; not
-            # sampled again here: on a stalled machine the flood's streams may be between
-            # two requests, or past their queue deadline, at the moment of a scrape
-            assert total(engine, "vllm:num_requests_waiting") == 0
-            assert total(gateway, "gateway_queue_running") <= slots
+        if streams > running:
+            eventually(
+                lambda: total(scrape(metrics), "gateway_queue_waiting", key=noisy_id) > 0,
+                budget_s=120,
+            )
+        assert total(scrape(stack.gateway_url), "gateway_queue_slots") == SLOTS
+        flooded = ttfts(stack.gateway_url, quiet, QUIET_REQUESTS)
+        # None in vLLM's first-come queue: not sampled at every request (on a stalled
+        # machine the flood's streams may be between two requests at the moment of a scrape)
+        assert total(scrape(stack.engine_url), "vllm:num_requests_waiting") == 0
         gateway = scrape(metrics)
-    # every quiet request found one of the reserved slots free: no wait in the gateway
-    assert total(gateway, "gateway_queue_wait_seconds_count", key=quiet_id) == QUIET_REQUESTS
-    assert (
-        total(gateway, "gateway_queue_wait_seconds_bucket", key=quiet_id, le="0.005")
-        == QUIET_REQUESTS
+    median, worst = statistics.median(flooded), max(flooded)
+    print(
+        f"{streams} noisy streams: quiet TTFT median {median * 1000:.0f} ms "
+        f"({median / alone:.2f}x alone, {alone * 1000:.0f} ms), worst {worst * 1000:.0f} ms "
+        f"({worst / alone:.2f}x)"
     )
-    assert reserved > 0
-    # The median, not each: a stall of the machine lands on one sample (a clean-clone run saw
-    # 2.34 s then 0.07-0.12 s), while under FCFS every quiet request waits about a noisy stream.
-    assert statistics.median(waits) < QUIET_TTFT_BOUND_S, waits
+    # Every quiet request found a slot without waiting for a noisy stream to end (each lasts
+    # seconds); the reserved slot may still be its own previous request's for a moment after
+    # that one's last byte, so a few ms of wait are not a noisy key's doing.
+    requests = 2 * QUIET_REQUESTS
+    assert total(gateway, "gateway_queue_wait_seconds_count", key=quiet_id) == requests
+    assert total(gateway, "gateway_queue_wait_seconds_bucket", key=quiet_id, le="0.1") == requests
+    assert median <= MEDIAN_GOAL * alone, (alone, flooded)
+    assert worst < STALL_BOUND_S, (alone, flooded)
     eventually(lambda: idle(stack), budget_s=120)
 
 
