@@ -63,6 +63,7 @@ EVENTS_PER_S = "cps"
 TOKENS = "suffix: tokens"
 TOKENS_PER_S = "suffix: tok/s"
 UP = "bool_on_off"
+INDEX = "none"  # a plain number without a unit, such as a 0..1 index
 
 RATE = "$__rate_interval"
 PERCENTILES = (0.5, 0.9, 0.99)

@@ -59,6 +59,8 @@ SCRAPED: tuple[Scraped, ...] = (
     Scraped("gateway_budget_flush_failures", "counter", GATEWAY),
     Scraped("gateway_usage_write_failures", "counter", GATEWAY),
     Scraped("gateway_queue_timeouts", "counter", GATEWAY),
+    # (label: key) requests waiting for a slot: who is backlogged, for the fairness index
+    Scraped("gateway_queue_waiting", "gauge", GATEWAY),
     # per engine (label: its host:port), what the gateway charged: the live accounting oracle
     Scraped("gateway_engine_accounted_tokens", "counter", GATEWAY),
     Scraped("gateway_engine_cut_sequences", "counter", GATEWAY),

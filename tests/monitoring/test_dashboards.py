@@ -13,7 +13,13 @@ import yaml
 
 from monitoring.exported import exported_names, vllm_names
 from monitoring.grafana.common import DATASOURCE_VARIABLE
-from monitoring.grafana.gateway import ACCOUNTING_PANEL
+from monitoring.grafana.gateway import (
+    ACCOUNTING_PANEL,
+    FAIR_SKEWED,
+    FAIR_WINDOW,
+    FAIRNESS_PANEL,
+    jain_index,
+)
 from monitoring.grafana.generate import BUILDERS, DASHBOARDS_DIR, stale, write_all
 from monitoring.grafana.plans import shipped_plans
 from monitoring.grafana.queries import (
@@ -148,6 +154,20 @@ def test_the_gateway_dashboard_charts_the_gap_its_alert_reads() -> None:
         "vllm:generation_tokens_total", "vllm:prompt_tokens_by_source_total",
         "gateway_engine_accounted_tokens_total", "gateway_engine_cut_sequences_total",
     }  # fmt: skip
+
+
+def test_the_gateway_dashboard_charts_the_fairness_index_its_alert_reads() -> None:
+    """The fairness panel draws the recording rule job:gateway_tokens:jain_index_rate5m's
+    expression to the character (bar white space), with FairShareSkewed's threshold as its
+    line; the window is jain_index()'s one parameter (the live test shortens it)."""
+    rules = {rule.name: rule for rule in load_rules()}
+    index = rules["job:gateway_tokens:jain_index_rate5m"]
+    queries = [q for q in panel_queries(DASHBOARDS["gateway.json"]) if q.panel == FAIRNESS_PANEL]
+    assert ["".join(q.expr.split()) for q in queries] == ["".join(index.expr.split())]
+    assert rules["FairShareSkewed"].expr.split() == [index.name, "<", str(FAIR_SKEWED)]
+    assert jain_index() == jain_index(FAIR_WINDOW) == index.expr.strip()
+    assert FAIR_WINDOW not in jain_index("20s")
+    assert jain_index("20s") == jain_index().replace(FAIR_WINDOW, "20s")
 
 
 @pytest.mark.parametrize(
