@@ -45,10 +45,12 @@ from serving.gateway.quota import (
     SqliteBudgetJournal,
 )
 from serving.gateway.quota.failure_policy import FailurePolicy, GuardedQuotaStore
+from serving.gateway.quota.redis_client import RedisClient
 from serving.gateway.quota.redis_store import RedisQuotaStore
 from serving.gateway.routing.fleet import Fleet
 from serving.gateway.routing.router import Router
 from serving.gateway.settings import GatewaySettings
+from serving.gateway.shared_slots import SharedSlots
 from serving.gateway.usage_ledger.recorder import UsageRecorder
 from serving.gateway.usage_reports import NotRecorded, install_usage_reports
 
@@ -214,6 +216,7 @@ def assemble(
     )
     if queue is not None:
         fleet.size_queue(queue.resize)  # slots of the engines in rotation only
+    slot_sync, shared_slots = share_queue(settings, queue, async_closers)
     admin = AdminApi(settings.admin_key_digests, max_body_bytes=settings.max_body_bytes)
     usage = install_usage_reports(settings, admin, keys.authenticator)  # GET /admin/v1/usage
     async_closers.append(usage.close)
@@ -232,6 +235,7 @@ def assemble(
         retired=lambda: fleet.router.retired,
         discovery_errors=(lambda: discovery.errors) if discovery else lambda: 0,
         queue=queue,
+        slots_shared=(lambda: shared_slots.up) if shared_slots else lambda: None,
     )
     metrics_listener = (
         MetricsListener(metrics.render, host=settings.host, port=settings.metrics_port)
@@ -264,6 +268,7 @@ def assemble(
         health=health,
         adapters=adapters,
         lease_upkeep=Periodic("lease upkeep", upkeep_leases, interval_s=upkeep_every),
+        slot_sync=slot_sync,
         key_refresh=keys.key_refresh,
         shared_quota=shared,
         metrics_listener=metrics_listener,
@@ -286,3 +291,17 @@ def assemble(
         readiness=Readiness(health, keys, shared),
         lifespan=lifespan,
     )
+
+
+def share_queue(
+    settings: GatewaySettings, queue: FairQueue | None, async_closers: AsyncClosers
+) -> tuple[Periodic | None, SharedSlots | None]:
+    """With a fair queue and Redis, the replicas share the engines' slots (`shared_slots`):
+    the job that keeps this replica's part, run from the lifespan."""
+    if queue is None or not settings.redis_url:
+        return None, None
+    client = RedisClient.from_url(settings.redis_url, timeout_s=settings.redis_timeout_s)
+    interval = settings.slot_sync_interval_s
+    shared = SharedSlots(client, queue, interval_s=interval, replicas=settings.redis_replicas)
+    async_closers.append(shared.close)
+    return Periodic("slot sharing", shared.sync, interval_s=interval), shared

@@ -16,7 +16,9 @@ Rules:
   key that becomes active again is lifted to the lowest active counter, and with nothing
   active the counters restart from zero; within a key, the oldest request goes first;
 - a request waits at most `timeout_s` (`QueueTimeout`) and leaves at once when its client
-  goes away; with a slot free and nothing waiting, `turn` does not suspend.
+  goes away; with a slot free and nothing waiting, `turn` does not suspend;
+- with replicas sharing the slots (`share`, kept by `shared_slots.SharedSlots`), this queue
+  runs at most its part of them, and a key at most its share here.
 """
 
 from __future__ import annotations
@@ -80,13 +82,22 @@ class FairQueue:
             raise ValueError(f"slots must be at least 1, got {slots}")
         if not 0 <= reserved < slots:
             raise ValueError(f"reserved must be between 0 and slots - 1, got {reserved}")
+        self.engine_slots = slots
+        """Every engine's slots (`resize`), shared with other replicas or not."""
         self.slots = slots
+        """What this queue runs at most: `engine_slots`, or this replica's part of them."""
         self.reserved = reserved
         self.per_key = slots - reserved
+        """The most one key may hold anywhere (wider requests are refused)."""
         self.timeout_s = timeout_s
         self.running = 0
         self._clock = clock
+        self._shared = False
+        self._caps: dict[str, int] | None = None
+        """With shared slots: each key's share here (a key without one: `reserved`)."""
         self._running: dict[str, int] = {}
+        self._weights: dict[str, float] = {}
+        """The weight of each key's latest request started (for `demand`)."""
         self._waiting: dict[str, deque[_Waiter]] = {}
         self._waiting_total = 0
         self._virtual: dict[str, float] = {}
@@ -97,9 +108,38 @@ class FairQueue:
         reserved + 1. Running requests keep theirs; a smaller size only holds new ones back
         (a waiting request now wider than a key's share waits until the slots grow back, or
         its deadline: it never runs on fewer seats than vLLM runs sequences)."""
-        self.slots = max(slots, self.reserved + 1)
-        self.per_key = self.slots - self.reserved
+        self.engine_slots = max(slots, self.reserved + 1)
+        self.per_key = self.engine_slots - self.reserved
+        if not self._shared:  # else the next round of `SharedSlots` sets this replica's part
+            self.slots = self.engine_slots
         self._dispatch()
+
+    def share(self, slots: int, caps: dict[str, int] | None) -> None:
+        """Run at most `slots` (this replica's part of `engine_slots`), each key at most its
+        share in `caps` (a key without one: `reserved`, so a key new here starts at once);
+        `caps` None: this queue's own rules, on `slots`. Running requests keep theirs."""
+        self._shared = True
+        self.slots = slots
+        self._caps = caps
+        self._dispatch()
+
+    def demand(self) -> dict[str, tuple[int, int, float]]:
+        """Seats each key runs or waits for here, of which it runs, and its weight (what the
+        replicas share by)."""
+        seats = dict(self._running)
+        weights = {key: self._weights.get(key, 1.0) for key in seats}
+        for key, queue in self._waiting.items():
+            seats[key] = seats.get(key, 0) + sum(waiter.seats for waiter in queue)
+            weights[key] = queue[0].weight
+        return {
+            key: (count, self._running.get(key, 0), weights[key]) for key, count in seats.items()
+        }
+
+    def _cap(self, key: str) -> int:
+        caps = self._caps
+        if caps is None:
+            return self.slots - self.reserved
+        return caps.get(key, self.reserved)
 
     def waiting(self, key: str | None = None) -> int:
         """Requests waiting now (of `key`, or in all)."""
@@ -123,7 +163,7 @@ class FairQueue:
         if (
             self._waiting_total
             or self.running + seats > self.slots
-            or (running or 0) + seats > self.per_key
+            or (running or 0) + seats > self._cap(key)
         ):
             return None
         if running is None:  # nothing waits: the key was idle
@@ -173,6 +213,7 @@ class FairQueue:
             self._running[turn.key] = left
         else:
             del self._running[turn.key]
+            del self._weights[turn.key]
         if served is not None:
             self._virtual[turn.key] += (served - turn.cost) / turn.weight
         self._dispatch()
@@ -228,6 +269,7 @@ class FairQueue:
     def _start(self, key: str, weight: float, cost: int, seats: int, waited_s: float) -> Turn:
         self.running += seats
         self._running[key] = self._running.get(key, 0) + seats
+        self._weights[key] = weight
         self._virtual[key] = self._virtual.get(key, 0.0) + cost / weight
         self._stats(key).waited.observe(waited_s)
         return Turn(key, weight, cost, seats, waited_s)
@@ -240,7 +282,7 @@ class FairQueue:
             for key, queue in self._waiting.items():
                 running = self._running.get(key, 0)
                 seats = queue[0].seats
-                if seats > free or running + seats > self.per_key:
+                if seats > free or running + seats > self._cap(key):
                     continue
                 # fewest weighted tokens; on a tie (a key just lifted to another's counter)
                 # the key running fewer requests, then the oldest request

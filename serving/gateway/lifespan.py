@@ -50,6 +50,8 @@ class Lifespan:
     health: HealthMonitor
     adapters: BackgroundJob
     lease_upkeep: Periodic
+    slot_sync: Periodic | None
+    """The replicas' shared slots (`shared_slots`): a first round before traffic."""
     key_refresh: RedisKeyRefresh | None
     shared_quota: GuardedQuotaStore | None
     metrics_listener: MetricsListener | None
@@ -85,6 +87,9 @@ class Lifespan:
             await self.shared_quota.check()
         if self.metrics_listener is not None:
             await self.metrics_listener.start()
+        if self.slot_sync is not None:
+            await self.slot_sync.run_once()  # this replica's part before its first request
+            self.slot_sync.start()
         self.health.start()
         self.fleet.start()
         self.lease_upkeep.start()
@@ -95,6 +100,8 @@ class Lifespan:
     async def _stop(self) -> None:
         await self.health.stop()
         await self.lease_upkeep.stop()
+        if self.slot_sync is not None:
+            await self.slot_sync.stop()
         await self.adapters.stop()
         if self.key_refresh is not None:
             await self.key_refresh.stop()

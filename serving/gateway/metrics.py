@@ -124,6 +124,7 @@ class GatewayMetrics:
         retired: Callable[[], EngineCounts | None] = lambda: None,
         discovery_errors: Callable[[], int] = lambda: 0,
         queue: QueueState | None = None,
+        slots_shared: Callable[[], bool | None] = lambda: None,
     ) -> None:
         self.requests: dict[tuple[str, str, str], int] = {}
         self.tokens: dict[tuple[str, str, str], int] = {}
@@ -145,6 +146,7 @@ class GatewayMetrics:
         self._retired = retired
         self._discovery_errors = discovery_errors
         self._queue = queue
+        self._slots_shared = slots_shared
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
         self._aggregate = _Aggregate(self)
@@ -239,6 +241,14 @@ class GatewayMetrics:
         yield from self._engine_families()
         if self._queue is not None:
             yield from _queue_families(self._queue)
+        shared = self._slots_shared()
+        if shared is not None:
+            yield GaugeMetricFamily(
+                "gateway_queue_shared_up",
+                "1 while the replicas share the engines' slots through Redis; 0 while Redis "
+                "is away and this replica runs its own part (the slots over --redis-replicas).",
+                value=1.0 if shared else 0.0,
+            )
         added = HistogramMetricFamily(
             "gateway_added_latency_seconds",
             "The gateway's own time per request: before forwarding plus after the upstream.",
@@ -384,6 +394,8 @@ class QueueState(Protocol):
     @property
     def slots(self) -> int: ...
     @property
+    def engine_slots(self) -> int: ...
+    @property
     def running(self) -> int: ...
     @property
     def stats(self) -> Mapping[str, KeyQueueState]: ...
@@ -404,8 +416,14 @@ class _Aggregate:
 
 def _queue_families(queue: QueueState) -> Iterator[Metric]:
     yield GaugeMetricFamily(
-        "gateway_queue_slots", "Requests the gateway lets run at once (fair sharing).",
+        "gateway_queue_slots",
+        "Sequences this gateway lets run at once (fair sharing): the engines' slots, or its "
+        "part of them when replicas share them through Redis.",
         value=queue.slots,
+    )
+    yield GaugeMetricFamily(
+        "gateway_queue_engine_slots", "Sequences the engines in rotation run well at once.",
+        value=queue.engine_slots,
     )  # fmt: skip
     yield GaugeMetricFamily(
         "gateway_queue_running", "Requests holding a slot now.", value=queue.running

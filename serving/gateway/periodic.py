@@ -40,16 +40,24 @@ class Periodic:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
 
+    async def run_once(self) -> None:
+        """One round now (its failure logged, as in the loop)."""
+        await self._round()
+
     async def _run(self) -> None:
         delay = self._interval_s
         while True:
             await asyncio.sleep(delay)
-            delay = self._interval_s
-            try:
-                result = self._job()
-                if inspect.isawaitable(result):
-                    result = await result
-                if isinstance(result, float):
-                    delay = result
-            except Exception:  # the loop must outlive any one failure; it is logged
-                logger.exception("background job %r failed", self._name)
+            delay = await self._round()
+
+    async def _round(self) -> float:
+        """Run the job once; the wait before the next round."""
+        try:
+            result = self._job()
+            if inspect.isawaitable(result):
+                result = await result
+            if isinstance(result, float):
+                return result
+        except Exception:  # the loop must outlive any one failure; it is logged
+            logger.exception("background job %r failed", self._name)
+        return self._interval_s

@@ -243,7 +243,12 @@ class GatewaySettings(BaseSettings):
     process with each limit divided by --redis-replicas (rounded down)."""
     redis_replicas: int = Field(default=1, ge=1)
     """How many gateway replicas share Redis: the `local` failure policy grants each one
-    this share of every limit, so replicas that all lost Redis together stay within it."""
+    this share of every limit, so replicas that all lost Redis together stay within it (and
+    the fair queue this share of the engines' slots while Redis is away)."""
+    slot_sync_interval_s: Seconds = 0.2
+    """With --redis-url and fair scheduling: how often a replica reports its queue to Redis
+    and renews its claim on the engines' slots, which the replicas share (a replica silent
+    for 20 intervals is forgotten and its slots go to the others)."""
     usage_retention_days: int = Field(default=DEFAULT_RETENTION_DAYS, ge=1, le=36_600)
     """Days the tokens of each key, model and day are kept for usage reports (in keys.db,
     or in Redis with --redis-url); older days are pruned."""

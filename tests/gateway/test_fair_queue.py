@@ -227,3 +227,35 @@ def test_a_waiter_made_too_wide_by_a_resize_waits_for_all_its_seats() -> None:
         queue.release(three.result())
 
     run(scenario())
+
+
+def test_shared_slots_hold_each_key_to_its_share_and_a_new_key_to_the_reserved_ones() -> None:
+    """With replicas sharing the engines' slots (`share`): this replica's part, each key's
+    share of it, a key without a share yet the reserved slots; `demand` is what it reports."""
+
+    async def scenario() -> None:
+        queue = FairQueue(16, reserved=1, timeout_s=5)
+        queue.share(4, {"noisy": 2})
+        held = [await started(queue, "noisy") for _ in range(2)]
+        third = asyncio.create_task(queue.turn("noisy", cost=100))
+        await asyncio.sleep(0.01)
+        assert not third.done()  # its share here is held
+        quiet = await started(queue, "quiet")  # no share yet: the reserved slot
+        assert queue.try_turn("other", cost=1) is None  # a request waits: the fair order decides
+        assert queue.demand() == {"noisy": (3, 2, 1.0), "quiet": (1, 1, 1.0)}
+        queue.share(4, {"noisy": 3, "quiet": 1})  # the next round gives it one more
+        assert (await asyncio.wait_for(third, 1)).key == "noisy"
+        assert queue.running == 4 and queue.slots == 4 and queue.per_key == 15
+        queue.share(16, None)  # Redis away: this replica's own part, its own rules
+        assert queue.try_turn("noisy", cost=1) is not None
+        for turn in (*held, quiet, third.result()):
+            queue.release(turn)
+
+    run(scenario())
+
+
+def test_resizing_shared_slots_keeps_this_replica_s_part_until_the_next_round() -> None:
+    queue = FairQueue(16, reserved=1, timeout_s=5)
+    queue.share(5, {})
+    queue.resize(32)  # an engine joined
+    assert (queue.engine_slots, queue.slots, queue.per_key) == (32, 5, 31)

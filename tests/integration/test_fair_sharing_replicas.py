@@ -1,0 +1,147 @@
+"""Fair sharing across gateway replicas on one Redis, on the real engine (docs/fair-sharing.md,
+across gateway replicas).
+
+Two `serving gateway` replicas in front of the session's engine share its 16 slots through a
+Redis of the module's own (`--redis-url`). A key flooding the engine through one replica
+leaves a quiet key a slot on the other at once, and the replicas together never send vLLM
+more sequences than its slots (nothing waits in its first-come queue); the same key through
+both replicas holds one key's share, not one per replica.
+"""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+
+import pytest
+
+from serving.engine.process import http_ok
+from serving.profiles import load_profile
+from serving.stack import gateway_engine_settings
+from tests.gateway.quota.redis_server import RedisServer
+from tests.integration.conftest import REPO, Stack, eventually, scrape, serving_env, total
+from tests.integration.oracle import front
+from tests.integration.test_fair_sharing import (
+    MEDIAN_GOAL,
+    STALL_BOUND_S,
+    flood,
+    ttfts,
+)
+from tests.integration.test_gateway_quota import create_key, idle
+from tests.ports import free_port
+
+pytestmark = pytest.mark.redis
+
+# What `serving up` tells its gateway of the session's engine (cpu-tiny, its default): the
+# slots, and the tokens per stream event (an event per token costs vLLM's API server 8x the
+# work under a flood, and every quiet request waits on it).
+ENGINE_SETTINGS = gateway_engine_settings(load_profile("cpu-tiny"), "fair")
+SLOTS = int(ENGINE_SETTINGS["engine_slots"])
+QUIET_REQUESTS = 8
+ENGINE_FLAGS = [
+    part
+    for name, value in ENGINE_SETTINGS.items()
+    for part in (f"--{name.replace('_', '-')}", str(value))
+]
+SYNC_S = 0.1  # the replicas' reports to Redis, twice as often as the default: a faster test
+
+
+@contextmanager
+def replica(
+    stack: Stack, redis: RedisServer, workdir: Path, name: str
+) -> Iterator[tuple[str, str]]:
+    """A gateway replica on the stack's engine and keys, sharing its slots through `redis`:
+    its URL and its metrics port's."""
+    port, metrics_port = free_port(), free_port()
+    log = workdir / f"gateway-{name}.log"
+    with log.open("wb") as sink:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "serving.cli", "gateway", "--upstream", stack.engine_url,
+             "--port", str(port), "--keys-db", str(stack.keys_db), *ENGINE_FLAGS,
+             "--reserved-slots", "1", "--redis-url", redis.url, "--redis-replicas", "2",
+             "--slot-sync-interval-s", str(SYNC_S), "--drain-delay", "0",
+             "--metrics-port", str(metrics_port)],
+            env=serving_env(), cwd=REPO, stdout=sink, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while not http_ok(f"{url}/readyz"):
+            assert process.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.2)
+        with front(url, stack.engine_url):
+            yield url, f"http://127.0.0.1:{metrics_port}"
+    finally:
+        process.terminate()
+        process.wait(30)
+
+
+@pytest.fixture(scope="module")
+def redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path_factory.mktemp("fair-redis"))
+    server.start()
+    yield server
+    server.stop()
+
+
+def slots_of(url: str) -> float:
+    return total(scrape(url), "gateway_queue_slots")
+
+
+def running_of(url: str) -> float:
+    return total(scrape(url), "gateway_queue_running")
+
+
+@pytest.mark.parametrize("noisy_on_both", [False, True], ids=["flood-on-one", "flood-on-both"])
+def test_a_flood_through_one_replica_leaves_a_quiet_key_a_slot_on_the_other(
+    stack: Stack, redis: RedisServer, tmp_path: Path, noisy_on_both: bool
+) -> None:
+    noisy_id, noisy = create_key(stack, f"replicas-noisy-{noisy_on_both}")
+    quiet_id, quiet = create_key(stack, f"replicas-quiet-{noisy_on_both}")
+    with ExitStack() as stack_of:
+        a, a_metrics = stack_of.enter_context(replica(stack, redis, tmp_path, "a"))
+        b, b_metrics = stack_of.enter_context(replica(stack, redis, tmp_path, "b"))
+        alone = statistics.median(ttfts(b, quiet, QUIET_REQUESTS))
+        with ExitStack() as floods:
+            floods.enter_context(flood(a, noisy, 32))
+            if noisy_on_both:
+                floods.enter_context(flood(b, noisy, 8))
+            # The flood holds every slot its key may have, across both replicas.
+            eventually(
+                lambda: total(scrape(stack.engine_url), "vllm:num_requests_running") >= SLOTS - 2,
+                budget_s=120,
+            )
+            eventually(
+                lambda: total(scrape(a_metrics), "gateway_queue_waiting", key=noisy_id) > 0,
+                budget_s=120,
+            )
+            # A flood started on both replicas at once may run more than its share on one
+            # until the other's report arrives, and nothing is preempted: the steady state
+            # is the replica's reserved slot free again (docs/fair-sharing.md).
+            eventually(lambda: running_of(b) < slots_of(b), budget_s=60)
+            flooded = ttfts(b, quiet, QUIET_REQUESTS)
+            waits = scrape(b_metrics)
+            engine = scrape(stack.engine_url)
+            # Both replicas' parts within the engine's slots; none of it in vLLM's queue.
+            assert slots_of(a) + slots_of(b) <= SLOTS
+            assert total(engine, "vllm:num_requests_waiting") == 0
+            assert total(engine, "vllm:num_requests_running") <= SLOTS
+            assert total(scrape(a), "gateway_queue_shared_up") == 1
+        median, worst = statistics.median(flooded), max(flooded)
+        print(
+            f"noisy on {'both replicas' if noisy_on_both else 'one replica'}: quiet TTFT median "
+            f"{median * 1000:.0f} ms ({median / alone:.2f}x alone, {alone * 1000:.0f} ms), "
+            f"worst {worst * 1000:.0f} ms ({worst / alone:.2f}x)"
+        )
+        # The quiet key never waited for the flood in its replica's queue.
+        count = total(waits, "gateway_queue_wait_seconds_count", key=quiet_id)
+        assert total(waits, "gateway_queue_wait_seconds_bucket", key=quiet_id, le="0.1") == count
+        assert median <= MEDIAN_GOAL * alone, (alone, flooded)
+        assert worst < STALL_BOUND_S, (alone, flooded)
+        eventually(lambda: idle(stack), budget_s=120)
