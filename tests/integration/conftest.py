@@ -282,6 +282,8 @@ def accounting_oracle(request: pytest.FixtureRequest) -> Iterator[None]:
         _last_ledger[name] = after
         after = after.with_gateways(oracle.stopped_fronts(urls[name][1]))
         around = oracle.uncharged(urls[name][1])
+        if oracle.unchecked(urls[name][1]):
+            continue  # the test failed inside a front of its own, whose charges were not read
         shortfall = after.shortfall(before[name]) - around
         assert shortfall <= 0, (
             f"{name}: the engines counted {shortfall:g} tokens more than the gateways charged "
