@@ -17,6 +17,7 @@ charged nothing, never reaching vLLM.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 import statistics
@@ -169,19 +170,17 @@ def test_a_flood_of_one_key_leaves_another_key_a_slot(stack: Stack, streams: int
 
 
 @contextmanager
-def eight_slot_gateway(
-    stack: Stack, workdir: Path, queue_timeout_s: float
-) -> Iterator[tuple[str, str]]:
-    """A second gateway on the stack's engine and keys, with eight slots (one request of
-    n = 8 fills them): its URL and its metrics port's, where the per-key series are."""
+def own_gateway(stack: Stack, workdir: Path, *flags: str) -> Iterator[tuple[str, str]]:
+    """A gateway of the test's own on the stack's engine and keys (`flags` added), counted by
+    the accounting oracle while it runs: its URL and its metrics port's, where the per-key
+    series are."""
     port, metrics_port = free_port(), free_port()
     log = workdir / f"gateway-{port}.log"
     with log.open("wb") as sink:
         process = subprocess.Popen(
             [sys.executable, "-m", "serving.cli", "gateway", "--upstream", stack.engine_url,
-             "--port", str(port), "--keys-db", str(stack.keys_db), "--engine-slots", "8",
-             "--reserved-slots", "0", "--queue-timeout-s", str(queue_timeout_s),
-             "--drain-delay", "0", "--metrics-port", str(metrics_port)],
+             "--port", str(port), "--keys-db", str(stack.keys_db), "--drain-delay", "0",
+             "--metrics-port", str(metrics_port), *flags],
             env=serving_env(), cwd=REPO, stdout=sink, stderr=subprocess.STDOUT,
         )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
@@ -196,6 +195,16 @@ def eight_slot_gateway(
     finally:
         process.terminate()
         process.wait(30)
+
+
+def eight_slot_gateway(
+    stack: Stack, workdir: Path, queue_timeout_s: float
+) -> contextlib.AbstractContextManager[tuple[str, str]]:
+    """A second gateway with eight slots (one request of n = 8 fills them)."""
+    return own_gateway(
+        stack, workdir, "--engine-slots", "8", "--reserved-slots", "0",
+        "--queue-timeout-s", str(queue_timeout_s),
+    )  # fmt: skip
 
 
 @contextmanager

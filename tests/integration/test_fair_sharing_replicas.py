@@ -11,29 +11,24 @@ both replicas holds one key's share, not one per replica.
 from __future__ import annotations
 
 import statistics
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import AbstractContextManager, ExitStack
 from pathlib import Path
 
 import pytest
 
-from serving.engine.process import http_ok
 from serving.profiles import load_profile
 from serving.stack import gateway_engine_settings
 from tests.gateway.quota.redis_server import RedisServer
-from tests.integration.conftest import REPO, Stack, eventually, scrape, serving_env, total
-from tests.integration.oracle import front
+from tests.integration.conftest import Stack, eventually, scrape, total
 from tests.integration.test_fair_sharing import (
     MEDIAN_GOAL,
     STALL_BOUND_S,
     flood,
+    own_gateway,
     ttfts,
 )
 from tests.integration.test_gateway_quota import create_key, idle
-from tests.ports import free_port
 
 pytestmark = pytest.mark.redis
 
@@ -51,35 +46,14 @@ ENGINE_FLAGS = [
 SYNC_S = 0.1  # the replicas' reports to Redis, twice as often as the default: a faster test
 
 
-@contextmanager
 def replica(
-    stack: Stack, redis: RedisServer, workdir: Path, name: str
-) -> Iterator[tuple[str, str]]:
-    """A gateway replica on the stack's engine and keys, sharing its slots through `redis`:
-    its URL and its metrics port's."""
-    port, metrics_port = free_port(), free_port()
-    log = workdir / f"gateway-{name}.log"
-    with log.open("wb") as sink:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "serving.cli", "gateway", "--upstream", stack.engine_url,
-             "--port", str(port), "--keys-db", str(stack.keys_db), *ENGINE_FLAGS,
-             "--reserved-slots", "1", "--redis-url", redis.url, "--redis-replicas", "2",
-             "--slot-sync-interval-s", str(SYNC_S), "--drain-delay", "0",
-             "--metrics-port", str(metrics_port)],
-            env=serving_env(), cwd=REPO, stdout=sink, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while not http_ok(f"{url}/readyz"):
-            assert process.poll() is None, log.read_text()
-            assert time.monotonic() < deadline, log.read_text()
-            time.sleep(0.2)
-        with front(url, stack.engine_url):
-            yield url, f"http://127.0.0.1:{metrics_port}"
-    finally:
-        process.terminate()
-        process.wait(30)
+    stack: Stack, redis: RedisServer, workdir: Path
+) -> AbstractContextManager[tuple[str, str]]:
+    """A gateway replica on the stack's engine, sharing its slots through `redis`."""
+    return own_gateway(
+        stack, workdir, *ENGINE_FLAGS, "--reserved-slots", "1", "--redis-url", redis.url,
+        "--redis-replicas", "2", "--slot-sync-interval-s", str(SYNC_S),
+    )  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -105,8 +79,8 @@ def test_a_flood_through_one_replica_leaves_a_quiet_key_a_slot_on_the_other(
     noisy_id, noisy = create_key(stack, f"replicas-noisy-{noisy_on_both}")
     quiet_id, quiet = create_key(stack, f"replicas-quiet-{noisy_on_both}")
     with ExitStack() as stack_of:
-        a, a_metrics = stack_of.enter_context(replica(stack, redis, tmp_path, "a"))
-        b, b_metrics = stack_of.enter_context(replica(stack, redis, tmp_path, "b"))
+        a, a_metrics = stack_of.enter_context(replica(stack, redis, tmp_path))
+        b, b_metrics = stack_of.enter_context(replica(stack, redis, tmp_path))
         alone = statistics.median(ttfts(b, quiet, QUIET_REQUESTS))
         with ExitStack() as floods:
             floods.enter_context(flood(a, noisy, 32))
