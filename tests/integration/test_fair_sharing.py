@@ -28,6 +28,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import NamedTuple
 
 import aiohttp
 import httpx
@@ -65,8 +66,9 @@ def chat(max_tokens: int, *, stream: bool = True) -> dict[str, object]:
 
 
 @contextmanager
-def flood(url: str, secret: str, streams: int) -> Iterator[None]:
-    """`streams` noisy streams kept going in a thread of their own until the block ends."""
+def flood(url: str, secret: str, streams: int, *, cut_off: bool = False) -> Iterator[None]:
+    """`streams` noisy streams kept going in a thread of their own until the block ends
+    (`cut_off`: the gateway is killed on the way, so the flood's client fails, as expected)."""
     stop = threading.Event()
 
     async def keep_going() -> None:
@@ -100,7 +102,7 @@ def flood(url: str, secret: str, streams: int) -> Iterator[None]:
     finally:
         stop.set()
         thread.join(120)
-    if failures:
+    if failures and not cut_off:
         raise AssertionError(f"the flood's client failed: {failures[0]!r}") from failures[0]
 
 
@@ -169,11 +171,19 @@ def test_a_flood_of_one_key_leaves_another_key_a_slot(stack: Stack, streams: int
     eventually(lambda: idle(stack), budget_s=120)
 
 
+class OwnGateway(NamedTuple):
+    url: str
+    metrics: str
+    """Its metrics port's URL, where the per-key series are."""
+    process: subprocess.Popen[bytes]
+
+
 @contextmanager
-def own_gateway(stack: Stack, workdir: Path, *flags: str) -> Iterator[tuple[str, str]]:
+def own_gateway(
+    stack: Stack, workdir: Path, *flags: str, counted: bool = True
+) -> Iterator[OwnGateway]:
     """A gateway of the test's own on the stack's engine and keys (`flags` added), counted by
-    the accounting oracle while it runs: its URL and its metrics port's, where the per-key
-    series are."""
+    the accounting oracle while it runs (unless not `counted`: a test that kills it)."""
     port, metrics_port = free_port(), free_port()
     log = workdir / f"gateway-{port}.log"
     with log.open("wb") as sink:
@@ -190,8 +200,9 @@ def own_gateway(stack: Stack, workdir: Path, *flags: str) -> Iterator[tuple[str,
             assert process.poll() is None, log.read_text()
             assert time.monotonic() < deadline, log.read_text()
             time.sleep(0.2)
-        with front(url, stack.engine_url):
-            yield url, f"http://127.0.0.1:{metrics_port}"
+        own = OwnGateway(url, f"http://127.0.0.1:{metrics_port}", process)
+        with front(url, stack.engine_url) if counted else contextlib.nullcontext():
+            yield own
     finally:
         process.terminate()
         process.wait(30)
@@ -199,7 +210,7 @@ def own_gateway(stack: Stack, workdir: Path, *flags: str) -> Iterator[tuple[str,
 
 def eight_slot_gateway(
     stack: Stack, workdir: Path, queue_timeout_s: float
-) -> contextlib.AbstractContextManager[tuple[str, str]]:
+) -> contextlib.AbstractContextManager[OwnGateway]:
     """A second gateway with eight slots (one request of n = 8 fills them)."""
     return own_gateway(
         stack, workdir, "--engine-slots", "8", "--reserved-slots", "0",
@@ -252,7 +263,7 @@ def test_a_request_waits_no_longer_than_its_deadline(stack: Stack, tmp_path: Pat
     _, holder = create_key(stack, "fair-holder")
     waiter_id, waiter = create_key(stack, "fair-waiter")
     with (
-        eight_slot_gateway(stack, tmp_path, queue_timeout_s=1) as (url, metrics),
+        eight_slot_gateway(stack, tmp_path, queue_timeout_s=1) as (url, metrics, _),
         slot_held(stack, url, holder) as prompts_before,
     ):
         started = time.monotonic()
@@ -275,7 +286,7 @@ def test_a_client_that_leaves_while_waiting_leaves_the_queue(stack: Stack, tmp_p
     _, holder = create_key(stack, "fair-holder-2")
     leaver_id, leaver = create_key(stack, "fair-leaver")
     with (
-        eight_slot_gateway(stack, tmp_path, queue_timeout_s=300) as (url, metrics),
+        eight_slot_gateway(stack, tmp_path, queue_timeout_s=300) as (url, metrics, _),
         slot_held(stack, url, holder) as prompts_before,
     ):
         leaving = raw_request(url, leaver, chat(8), rcvbuf=65536)

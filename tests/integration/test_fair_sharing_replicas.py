@@ -11,12 +11,14 @@ both replicas holds one key's share, not one per replica.
 from __future__ import annotations
 
 import statistics
+import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, ExitStack
 from pathlib import Path
 
 import pytest
 
+from serving.gateway.shared_slots import TTL_INTERVALS
 from serving.profiles import load_profile
 from serving.stack import gateway_engine_settings
 from tests.gateway.quota.redis_server import RedisServer
@@ -24,6 +26,7 @@ from tests.integration.conftest import Stack, eventually, scrape, total
 from tests.integration.test_fair_sharing import (
     MEDIAN_GOAL,
     STALL_BOUND_S,
+    OwnGateway,
     flood,
     own_gateway,
     ttfts,
@@ -47,12 +50,12 @@ SYNC_S = 0.1  # the replicas' reports to Redis, twice as often as the default: a
 
 
 def replica(
-    stack: Stack, redis: RedisServer, workdir: Path
-) -> AbstractContextManager[tuple[str, str]]:
+    stack: Stack, redis: RedisServer, workdir: Path, *, counted: bool = True
+) -> AbstractContextManager[OwnGateway]:
     """A gateway replica on the stack's engine, sharing its slots through `redis`."""
     return own_gateway(
         stack, workdir, *ENGINE_FLAGS, "--reserved-slots", "1", "--redis-url", redis.url,
-        "--redis-replicas", "2", "--slot-sync-interval-s", str(SYNC_S),
+        "--redis-replicas", "2", "--slot-sync-interval-s", str(SYNC_S), counted=counted,
     )  # fmt: skip
 
 
@@ -79,8 +82,8 @@ def test_a_flood_through_one_replica_leaves_a_quiet_key_a_slot_on_the_other(
     noisy_id, noisy = create_key(stack, f"replicas-noisy-{noisy_on_both}")
     quiet_id, quiet = create_key(stack, f"replicas-quiet-{noisy_on_both}")
     with ExitStack() as stack_of:
-        a, a_metrics = stack_of.enter_context(replica(stack, redis, tmp_path))
-        b, b_metrics = stack_of.enter_context(replica(stack, redis, tmp_path))
+        a, a_metrics, _ = stack_of.enter_context(replica(stack, redis, tmp_path))
+        b, b_metrics, _ = stack_of.enter_context(replica(stack, redis, tmp_path))
         alone = statistics.median(ttfts(b, quiet, QUIET_REQUESTS))
         with ExitStack() as floods:
             floods.enter_context(flood(a, noisy, 32))
@@ -118,4 +121,34 @@ def test_a_flood_through_one_replica_leaves_a_quiet_key_a_slot_on_the_other(
         assert total(waits, "gateway_queue_wait_seconds_bucket", key=quiet_id, le="0.1") == count
         assert median <= MEDIAN_GOAL * alone, (alone, flooded)
         assert worst < STALL_BOUND_S, (alone, flooded)
+        eventually(lambda: idle(stack), budget_s=120)
+
+
+@pytest.mark.oracle_exempt  # a replica is killed: its last charges die with it
+def test_a_killed_replicas_slots_go_to_the_other_once_it_has_been_silent(
+    stack: Stack, redis: RedisServer, tmp_path: Path
+) -> None:
+    """A key floods through both replicas and one is killed: the survivor takes the flood's
+    whole share once the dead one's claim expires (20 report intervals), not before, and a
+    quiet key still finds its slot there."""
+    _, noisy = create_key(stack, "replicas-killed-noisy")
+    _, quiet = create_key(stack, "replicas-killed-quiet")
+    with ExitStack() as stack_of:
+        killed = stack_of.enter_context(replica(stack, redis, tmp_path, counted=False))
+        survivor, _, _ = stack_of.enter_context(replica(stack, redis, tmp_path, counted=False))
+        alone = statistics.median(ttfts(survivor, quiet, QUIET_REQUESTS))
+        with flood(killed.url, noisy, 16, cut_off=True), flood(survivor, noisy, 16):
+            eventually(lambda: 0 < slots_of(survivor) < SLOTS - 2, budget_s=120)
+            eventually(lambda: running_of(survivor) < slots_of(survivor), budget_s=60)
+            killed.process.kill()
+            killed_at = time.monotonic()
+            # Every slot but the reserved one comes to the survivor's flood.
+            eventually(lambda: slots_of(survivor) == SLOTS, budget_s=60)
+            took = time.monotonic() - killed_at
+            eventually(lambda: running_of(survivor) < slots_of(survivor), budget_s=60)
+            flooded = ttfts(survivor, quiet, QUIET_REQUESTS)
+        print(f"the killed replica's slots came back after {took:.1f} s")
+        assert took >= TTL_INTERVALS * SYNC_S * 0.8, took
+        assert statistics.median(flooded) <= MEDIAN_GOAL * alone, (alone, flooded)
+        assert max(flooded) < STALL_BOUND_S, (alone, flooded)
         eventually(lambda: idle(stack), budget_s=120)
