@@ -18,8 +18,8 @@ gateway whatever `$instance` selects.
 
 The Fair sharing row draws, beside the queue's own series, the tokens served per key and
 Jain's fairness index over the keys backlogged in the fair queue: the expression of the
-recording rule job:gateway_tokens:jain_index_rate5m that FairShareSkewed fires on, built here
-by jain_index() (tests/monitoring holds the two equal), over every key and every gateway.
+recording rule job:gateway_tokens:jain_index_rate5m that FairShareSkewed fires on
+(`fairness.jain_index`), over every key and every gateway.
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ from monitoring.grafana.common import (
     table_panel,
     timeseries_panel,
 )
+from monitoring.grafana.fairness import FAIR_SKEWED, FAIR_WINDOW, jain_index
 from serving.gateway.usage import CUT_SLACK_TOKENS
 
 UID = "serving-gateway"
@@ -71,45 +72,8 @@ CUT_SLACK = (
 UNCHARGED = f"(\n{ENGINE_COUNTED}\n)\n-\n(\n{CHARGED}\n+\n{CUT_SLACK}\n)"
 ACCOUNTING_PANEL = "Tokens charged against vLLM's count (10m windows)"
 
-# Fair sharing, watched: Jain's index over the tokens/s served to the keys backlogged in the
-# fair queue for the whole window, all keys and all gateway replicas (rules/recording.yml's
-# job:gateway_tokens:jain_index_rate5m, the same expression; FairShareSkewed fires on it).
-FAIR_WINDOW = "5m"
 FAIRNESS_PANEL = f"Fairness among backlogged keys (Jain index, {FAIR_WINDOW} windows)"
 SERVED_PANEL = f"Tokens served per second by key ({FAIR_WINDOW} windows)"
-FAIR_SKEWED = 0.8  # FairShareSkewed's threshold (tests/monitoring holds the two equal)
-
-
-def _indent(text: str, by: int = 2) -> str:
-    return "\n".join(" " * by + line for line in text.splitlines())
-
-
-def backlogged_keys(window: str = FAIR_WINDOW) -> str:
-    """Keys with requests waiting at every sample of `window` on some replica, their series
-    there since the window began: each wanted more than it got for all of the window."""
-    waiting = 'gateway_queue_waiting{job="gateway"}'
-    return (
-        "max by (job, key) (\n"
-        f"  min_over_time({waiting}[{window}]) > 0\n  and\n  {waiting} offset {window}\n)"
-    )
-
-
-def served_backlogged(window: str = FAIR_WINDOW) -> str:
-    """Tokens/s served to each backlogged key over `window`; none for a key served nothing,
-    which adds 0 to the sums and counts in `n` (taken from `backlogged_keys`)."""
-    served = f'sum by (job, key) (rate(gateway_tokens_total{{job="gateway"}}[{window}]))'
-    return f"{served}\nand\n{backlogged_keys(window)}"
-
-
-def jain_index(window: str = FAIR_WINDOW) -> str:
-    """(sum x)^2 / n / sum x^2 over the backlogged keys; nothing while fewer than two are
-    backlogged or none was served anything."""
-    served = served_backlogged(window)
-    return (
-        f"sum by (job) (\n{_indent(served)}\n) ^ 2\n/\n"
-        f"(\n  count by (job) (\n{_indent(backlogged_keys(window), 4)}\n  ) > 1\n)\n/\n"
-        f"(\n  sum by (job) (\n    (\n{_indent(served, 6)}\n    ) ^ 2\n  ) > 0\n)"
-    )
 
 
 def _sum_rate(metric: str, selector: str, by: str) -> str:

@@ -47,7 +47,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from monitoring.grafana.gateway import FAIRNESS_PANEL, backlogged_keys, jain_index
+from monitoring.grafana.fairness import backlogged_keys, jain_index
+from monitoring.grafana.gateway import FAIRNESS_PANEL
 from monitoring.grafana.queries import (
     concrete,
     load_dashboards,

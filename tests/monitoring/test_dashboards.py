@@ -13,13 +13,8 @@ import yaml
 
 from monitoring.exported import exported_names, vllm_names
 from monitoring.grafana.common import DATASOURCE_VARIABLE
-from monitoring.grafana.gateway import (
-    ACCOUNTING_PANEL,
-    FAIR_SKEWED,
-    FAIR_WINDOW,
-    FAIRNESS_PANEL,
-    jain_index,
-)
+from monitoring.grafana.fairness import FAIR_SKEWED, FAIR_WINDOW, jain_index
+from monitoring.grafana.gateway import ACCOUNTING_PANEL, FAIRNESS_PANEL
 from monitoring.grafana.generate import BUILDERS, DASHBOARDS_DIR, stale, write_all
 from monitoring.grafana.plans import shipped_plans
 from monitoring.grafana.queries import (
