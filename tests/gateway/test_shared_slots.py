@@ -28,6 +28,15 @@ async def rounds(*replicas: SharedSlots, count: int = 3) -> None:
             await shared.sync()
 
 
+async def stop(tasks: list[asyncio.Task[Turn]], *replicas: SharedSlots) -> None:
+    """The requests still running or waiting cancelled, the replicas' clients closed."""
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    for shared in replicas:
+        await shared.close()
+
+
 async def until(check: Callable[[], bool], step: Callable[[], Awaitable[None]]) -> None:
     deadline = time.monotonic() + 10
     while not check():
@@ -62,12 +71,7 @@ def test_a_flood_through_one_replica_leaves_a_quiet_key_a_slot_on_the_other(
         await rounds(a, b)
         assert not other.done() and flooded.running + quiet_side.running <= 16
         quiet_side.release(quiet)
-        for task in noisy:
-            task.cancel()
-        other.cancel()
-        await asyncio.gather(*noisy, other, return_exceptions=True)
-        for client in (a, b):
-            await client.close()
+        await stop([*noisy, other], a, b)
 
     asyncio.run(scenario())
 
@@ -93,11 +97,7 @@ def test_a_replica_that_stops_reporting_is_forgotten_and_its_slots_go_to_the_oth
         forgotten_after = time.monotonic() - silent_since
         assert forgotten_after >= INTERVAL_S * TTL_INTERVALS * 0.9, forgotten_after
         assert kept_queue.running == 15  # b's share of every slot but the reserved one
-        for task in (*flood, *waiting):
-            task.cancel()
-        await asyncio.gather(*flood, *waiting, return_exceptions=True)
-        for shared in (gone, kept):
-            await shared.close()
+        await stop([*flood, *waiting], gone, kept)
 
     asyncio.run(scenario())
 
