@@ -43,7 +43,6 @@ __all__ = [
     "read_ledger",
     "stopped_fronts",
     "uncharged",
-    "unchecked",
 ]
 
 Charges = tuple[float, float]
@@ -141,8 +140,6 @@ _stopped: dict[str, tuple[str, Charges]] = {}
 # Tokens engines counted for requests sent around the gateways on purpose, by engine URL,
 # until the oracle takes them.
 _uncharged: dict[str, float] = {}
-# Engines whose front failed inside a test, until the oracle takes them.
-_unchecked: set[str] = set()
 
 
 @contextmanager
@@ -152,23 +149,12 @@ def front(gateway_url: str, engine_url: str) -> Iterator[None]:
     _fronts[gateway_url] = engine_url
     try:
         yield
-    except BaseException:
-        # The test failed inside: the stack may never settle, and the test's own error is
-        # what matters. The engine's check is off for this test (`unchecked`).
-        _unchecked.add(engine_url)
-        raise
     finally:
         del _fronts[gateway_url]
+    # Not after a failure inside: the stack may never settle, and the oracle does not judge a
+    # failed test (`conftest.accounting_oracle`).
     last = read_ledger(gateway_url, engine_url)
     _stopped[gateway_url] = (engine_url, last.gateways[gateway_url])
-
-
-def unchecked(engine_urls: Sequence[str]) -> bool:
-    """Whether a front of these engines failed since the last call (its last charges were
-    not read: the oracle cannot check them)."""
-    hit = any(url in _unchecked for url in engine_urls)
-    _unchecked.difference_update(engine_urls)
-    return hit
 
 
 def fronts_of(engine_urls: Sequence[str]) -> list[str]:
@@ -188,7 +174,6 @@ def forget_stopped() -> None:
     """Drop what a test the oracle does not check left: stopped fronts, uncharged tokens."""
     _stopped.clear()
     _uncharged.clear()
-    _unchecked.clear()
 
 
 @contextmanager
