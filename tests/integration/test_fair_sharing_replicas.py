@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from serving.gateway.settings import flag_name
 from serving.gateway.shared_slots import TTL_INTERVALS
 from serving.profiles import load_profile
 from serving.stack import gateway_engine_settings
@@ -42,9 +43,7 @@ ENGINE_SETTINGS = gateway_engine_settings(load_profile("cpu-tiny"), "fair")
 SLOTS = int(ENGINE_SETTINGS["engine_slots"])
 QUIET_REQUESTS = 8
 ENGINE_FLAGS = [
-    part
-    for name, value in ENGINE_SETTINGS.items()
-    for part in (f"--{name.replace('_', '-')}", str(value))
+    part for name, value in ENGINE_SETTINGS.items() for part in (flag_name(name), str(value))
 ]
 SYNC_S = 0.1  # the replicas' reports to Redis, twice as often as the default: a faster test
 
