@@ -265,7 +265,7 @@ class Completions:
             finally:
                 meter = held.meter or ResponseMeter(strip_usage=False)
                 outcome = held.outcome if held.forwarded else None
-                _record_outcome(held.record, lease, _cut_prompt(parsed, meter), meter, outcome)
+                _record_outcome(held.record, lease, parsed, meter, outcome)
                 if outcome is not None and outcome.engine is not None:
                     _account(outcome.engine, held.record, parsed, cut=meter.usage is None)
 
@@ -283,30 +283,21 @@ class Completions:
         self, held: HeldRequest, parsed: CompletionRequest, meter: ResponseMeter
     ) -> None:
         quota, lease, outcome = self._quota, held.admission.lease, held.outcome
-        # An aborted request is charged its prompt and what was generated: in a stream,
-        # vLLM's running count as far as it was read (`ResponseMeter.streamed_tokens`);
-        # otherwise (or when vLLM ran on past the last read) the prompt estimate and every
-        # choice's whole max_tokens, all of which the engine may have produced.
-        prompt = _cut_prompt(parsed, meter)
-        seen = held.admission.max_tokens * parsed.choices
-        streamed = meter.streamed_tokens(parsed.choices) if parsed.stream else None
-        if streamed is not None:
-            seen = min(streamed, seen)
         usage = meter.usage
-        if not held.relayed and usage is None and outcome.error is None:  # shutdown, a bug
-            await quota.abort(lease, prompt, seen)
-        elif usage is not None:
+        if usage is not None:
             await quota.settle(lease, usage.prompt_tokens, usage.completion_tokens)
-        elif outcome.client_disconnected:
-            await quota.abort(lease, prompt, seen)
-        elif isinstance(outcome.error, UpstreamTimeoutError) and outcome.forwarded_at:
+        elif (
+            (not held.relayed and outcome.error is None)  # shutdown, a bug
+            or outcome.client_disconnected
             # The engine had the request and may have worked on it until the gateway gave
             # up waiting: what it could have produced is charged, as for an abort.
-            await quota.abort(lease, prompt, seen)
+            or (isinstance(outcome.error, UpstreamTimeoutError) and outcome.forwarded_at)
+        ):
+            await quota.abort(lease, *_cut_charge(held, parsed, meter))
         elif outcome.upstream_status is None or outcome.upstream_status >= 400:
             await quota.fail(lease)
         elif outcome.error is not None or meter.inband_error:
-            await quota.abort(lease, prompt, seen)
+            await quota.abort(lease, *_cut_charge(held, parsed, meter))
         else:
             await quota.settle(lease, None, None)
 
@@ -315,6 +306,20 @@ async def _client_gone(receive: Receive) -> None:
     """Returns when the client disconnects (its body was read: nothing else can come)."""
     while (await receive())["type"] != "http.disconnect":
         pass
+
+
+def _cut_charge(
+    held: HeldRequest, parsed: CompletionRequest, meter: ResponseMeter
+) -> tuple[int, int]:
+    """The prompt and completion tokens an aborted request is charged: its prompt and what
+    was generated; in a stream, vLLM's running count as far as it was read
+    (`ResponseMeter.streamed_tokens`); otherwise (or when vLLM ran on past the last read)
+    every choice's whole max_tokens, all of which the engine may have produced."""
+    seen = held.admission.max_tokens * parsed.choices
+    streamed = meter.streamed_tokens(parsed.choices) if parsed.stream else None
+    if streamed is not None:
+        seen = min(streamed, seen)
+    return _cut_prompt(parsed, meter), seen
 
 
 def _cut_prompt(parsed: CompletionRequest, meter: ResponseMeter) -> int:
@@ -328,12 +333,11 @@ def _cut_prompt(parsed: CompletionRequest, meter: ResponseMeter) -> int:
 def _record_outcome(
     record: RequestRecord,
     lease: Lease,
-    prompt_charged: int,
+    parsed: CompletionRequest,
     meter: ResponseMeter,
     outcome: ProxyOutcome | None,
 ) -> None:
-    """What the metrics need to know of a settled request (`prompt_charged`: the prompt
-    tokens charged when vLLM's final usage never came)."""
+    """What the metrics need to know of a settled request."""
     if outcome is not None:
         record.note_exchange(outcome)
         problem = "in_band" if meter.inband_error else meter.problem
@@ -346,8 +350,8 @@ def _record_outcome(
     charged = lease.charged_tokens or 0
     if usage is not None:
         record.prompt_tokens = min(usage.prompt_tokens, charged)
-    elif charged:
-        record.prompt_tokens = min(prompt_charged, charged)
+    elif charged:  # vLLM's final usage never came
+        record.prompt_tokens = min(_cut_prompt(parsed, meter), charged)
     record.completion_tokens = charged - record.prompt_tokens
 
 

@@ -91,3 +91,28 @@ def test_other_transport_calls_pass_through() -> None:
         assert cork.get_extra_info("peername") == "info:peername"
 
     asyncio.run(scenario())
+
+
+class Cycle:
+    transport: object
+
+
+def writer(cycle: Cycle) -> object:
+    return cycle.transport
+
+
+def test_once_the_head_is_out_the_cycle_writes_to_its_own_transport() -> None:
+    async def scenario() -> None:
+        for first_write_at_once in (True, False):
+            cycle, transport = Cycle(), RecordingTransport()
+            cork = HeadCork(transport, asyncio.get_running_loop(), cycle)  # type: ignore[arg-type]
+            cycle.transport = cork
+            cork.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+            assert writer(cycle) is cork  # the head is held
+            if first_write_at_once:
+                cork.write(b"5\r\nhello\r\n")
+            else:
+                await asyncio.sleep(0)
+            assert writer(cycle) is transport and len(transport.sent) == 1
+
+    asyncio.run(scenario())

@@ -212,6 +212,23 @@ def test_events_of_several_tokens_raise_the_bounds_by_as_many() -> None:
     assert unread.streamed_tokens(1) == 2 * 4
 
 
+def test_a_field_after_the_running_usage_stays_and_the_usage_is_still_read() -> None:
+    # vLLM writes the usage last; a later field (another version) must not be cut with it.
+    later = [chunk.replace(b"}}}\n\n", b'}},"extra":{"x":1}}\n\n') for chunk in RUNNING]
+    meter = ResponseMeter(strip_usage=True, chunk_usage=True, strip_chunk_usage=True)
+    out = relay(meter, [*later, FINAL, DONE])
+    assert out == b"".join([*map(without_usage, later), DONE])
+    assert b'"extra":{"x":1}' in out and meter.running_usage == Usage(14, 5)
+
+
+def test_text_that_looks_like_sse_or_usage_is_one_event_of_text() -> None:
+    text = 'data: x\\n\\n}],\\"usage\\":{\\"prompt_tokens\\":0}'
+    chunk = running_chunk(text, 1)
+    meter = ResponseMeter(strip_usage=True, chunk_usage=True, strip_chunk_usage=True)
+    assert relay(meter, [chunk]) == without_usage(chunk)
+    assert meter.events == 1 and meter.running_usage == Usage(14, 1)
+
+
 @given(st.lists(st.integers(min_value=0, max_value=200), max_size=8))
 def test_running_usage_survives_any_chunking(cuts: list[int]) -> None:
     stream = b"".join([*RUNNING, FINAL, DONE])
