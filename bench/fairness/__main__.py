@@ -16,15 +16,23 @@ from pathlib import Path
 import aiohttp
 
 from bench.command import run_benchmark
-from bench.fairness.load import QuietResult, Tenant, noisy_load, quiet_load
+from bench.fairness.load import QuietResult, Tenant, metrics, noisy_load, quiet_load
+from bench.fairness.replicas import (
+    REPLICA_SETTINGS,
+    REPLICAS,
+    Replicas,
+    report_lines,
+    start_replicas,
+)
 from bench.gateway_overhead.paths import BENCH_KEY_LIMITS, READY_TIMEOUT_S, REPO_ROOT
 from bench.gateway_overhead.processes import BenchError, Launcher, can_pin, free_port, pin_self
 from bench.gateway_overhead.report import write_results
 from bench.results_files import RESULTS_DIR, loadavg, machine, machine_lines
 from bench.routing.engines import Engine, start_engines
-from loadtest.scraper import GENERATION_TOKENS, RUNNING, WAITING, parse_metrics
-from serving.gateway.settings import GatewaySettings
+from loadtest.scraper import GENERATION_TOKENS, RUNNING, WAITING
+from serving.gateway.settings import GatewaySettings, flag_name
 from serving.models.tiny_model import MODEL_NAME as MODEL
+from serving.stack import gateway_engine_settings
 
 STEM = "fairness"
 PROFILE = "cpu-tiny"
@@ -53,6 +61,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="--reserved-slots of the fair gateways, comma-separated (default: %(default)s)",
     )
     parser.add_argument(
+        "--replicas",
+        type=int,
+        choices=(0, REPLICAS),
+        default=REPLICAS,
+        help="fair gateway replicas on one Redis, with the first --reserved, measured too "
+        "(the flood through one and through both); 0 leaves them out (default: %(default)s)",
+    )
+    parser.add_argument(
         "--output-dir",
         type=Path,
         default=RESULTS_DIR,
@@ -79,15 +95,10 @@ def _create_key(store: Path, name: str) -> str:
     return secret
 
 
-async def _metrics(engine: Engine) -> dict[str, float]:
-    async with aiohttp.ClientSession() as session, session.get(engine.base_url + "/metrics") as r:
-        return parse_metrics(await r.text())
-
-
 async def _wait_idle(engine: Engine) -> None:
     deadline = time.monotonic() + IDLE_TIMEOUT_S
     while time.monotonic() < deadline:
-        values = await _metrics(engine)
+        values = await metrics(engine.base_url)
         if values.get(RUNNING, 0) == 0 and values.get(WAITING, 0) == 0:
             return
         await asyncio.sleep(0.5)
@@ -128,27 +139,33 @@ def _summary(result: QuietResult) -> dict[str, float]:
 
 
 async def _measure(
-    engine: Engine, url: str, keys: dict[str, str], args: argparse.Namespace, *, noisy: int
+    engine: Engine,
+    urls: tuple[Sequence[str], Sequence[str]],
+    keys: dict[str, str],
+    args: argparse.Namespace,
+    *,
+    noisy: int,
 ) -> dict[str, object]:
-    """The quiet key's load through `url`, alone (`noisy` 0) or beside that many streams."""
-    quiet = Tenant(url, keys["quiet"], MODEL)
-    flood = Tenant(url, keys["noisy"], MODEL)
+    """The quiet key's load, alone (`noisy` 0) or beside that many streams; `urls`: the
+    gateways of the quiet requests (in turn) and of the noisy streams (split evenly)."""
+    quiet = [Tenant(url, keys["quiet"], MODEL) for url in urls[0]]
+    flood = [Tenant(url, keys["noisy"], MODEL) for url in urls[1]]
     await _wait_idle(engine)
     if not noisy:
-        before = await _metrics(engine)
+        before = await metrics(engine.base_url)
         started = time.perf_counter()
         result = await quiet_load(quiet, rate_per_s=args.quiet_rate, seconds=args.seconds)
         errors: list[str] = []
     else:
         async with noisy_load(flood, streams=noisy) as errors:
             await asyncio.sleep(5)  # the flood fills the engine (and the gateway's queue)
-            before = await _metrics(engine)
+            before = await metrics(engine.base_url)
             started = time.perf_counter()
             result = await quiet_load(quiet, rate_per_s=args.quiet_rate, seconds=args.seconds)
-            after = await _metrics(engine)
+            after = await metrics(engine.base_url)
             elapsed = time.perf_counter() - started
     if not noisy:
-        after = await _metrics(engine)
+        after = await metrics(engine.base_url)
         elapsed = time.perf_counter() - started
     generated = after.get(GENERATION_TOKENS, 0) - before.get(GENERATION_TOKENS, 0)
     return {
@@ -172,34 +189,54 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
         GatewaySettings.create(
             upstream="http://x:1", api_keys=["k"], engine_slots=slots, reserved_slots=value
         )  # fmt: skip  (a bad value fails here)
-    # Every gateway asks for the profile's stream events, as `serving up`'s would.
-    events = ["--stream-interval", str(profile.stream_interval)]
-    settings = {"fcfs": ["--scheduling", "fcfs", *events]}
-    for value in reserved:
-        settings[f"fair, {value} reserved"] = [
-            "--engine-slots", str(slots), "--reserved-slots", str(value), *events
-        ]  # fmt: skip
+
+    def engine_flags(scheduling: str) -> list[str]:
+        # What `serving up` tells its gateway of the engine (its slots, the queue policy, the
+        # profile's tokens per stream event): every gateway here is told the same. With
+        # `fcfs` the slots make no queue: vLLM's own order, as without them.
+        told = gateway_engine_settings(profile, scheduling)
+        return [part for name, value in told.items() for part in (flag_name(name), str(value))]
+
+    fair = {value: [*engine_flags("fair"), "--reserved-slots", str(value)] for value in reserved}
+    settings = {"fcfs": engine_flags("fcfs")}
+    settings.update({f"fair, {value} reserved": flags for value, flags in fair.items()})
     runs: list[dict[str, dict[str, object]]] = []
+    replicas: Replicas | None = None
     with (
         tempfile.TemporaryDirectory(prefix="fairness-") as tmp,
         Launcher(Path(tmp), pin=can_pin()) as launcher,
     ):
-        print(f"starting a {PROFILE} engine and {len(settings)} gateways ...", flush=True)
+        gateways = len(settings) + args.replicas
+        print(f"starting a {PROFILE} engine and {gateways} gateways ...", flush=True)
         (engine,) = await start_engines(launcher, count=1, profile=PROFILE)
         keys_db = Path(tmp) / "keys.db"
         keys = {name: _create_key(keys_db, name) for name in ("quiet", "noisy")}
-        urls = {
-            name: await _start_gateway(launcher, f"gw-{index}", engine, keys_db, flags)
-            for index, (name, flags) in enumerate(settings.items())
-        }
+        # Each setting's gateways: those of the quiet requests, those of the noisy streams.
+        routes: dict[str, tuple[Sequence[str], Sequence[str]]] = {}
+        for index, (name, flags) in enumerate(settings.items()):
+            url = await _start_gateway(launcher, f"gw-{index}", engine, keys_db, flags)
+            routes[name] = ([url], [url])
+        if args.replicas and reserved:
+            replicas = await start_replicas(
+                launcher,
+                lambda name, flags: _start_gateway(launcher, name, engine, keys_db, flags),
+                fair[reserved[0]],
+                cpu=GATEWAY_CPU,
+            )
+            routes.update(replicas.routes())
+            settings.update({name: list(replicas.flags) for name in replicas.routes()})
         for number in range(1, args.runs + 1):
             measured: dict[str, dict[str, object]] = {}
-            measured["alone"] = await _measure(engine, urls["fcfs"], keys, args, noisy=0)
+            measured["alone"] = await _measure(engine, routes["fcfs"], keys, args, noisy=0)
             print(f"run {number}: alone {measured['alone']}", flush=True)
             for flood in floods:
-                for name, url in urls.items():
+                for name, urls in routes.items():
                     row = _row(name, flood)
-                    result = await _measure(engine, url, keys, args, noisy=flood)
+                    result = await _measure(engine, urls, keys, args, noisy=flood)
+                    if replicas is not None and name in REPLICA_SETTINGS:
+                        # Read after the flood: 0 on either would mean Redis was away and
+                        # each replica ran its own part, not the shared slots.
+                        result["shared_up"] = await replicas.shared()
                     measured[row] = {**result, "setting": name, "flood": flood}
                     print(f"run {number}: {row} {measured[row]}", flush=True)
             runs.append(measured)
@@ -217,6 +254,9 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
             "stream_interval": profile.stream_interval,
             "quiet_max_tokens": 16,
             "noisy_max_tokens": 256,
+            "replicas": len(replicas.urls) if replicas else 0,
+            "replica_reserved_slots": reserved[0] if replicas else None,
+            "redis": replicas.redis.version if replicas else None,
         },
         "settings": settings,
         "runs": runs,
@@ -252,6 +292,7 @@ def report(doc: dict[str, object]) -> str:
         "median, worst against worst), against FCFS under the same flood in the same run",
         "(tokens/s). Goal: median <= 2x alone, worst <= 3x, tokens/s >= 90% of FCFS, in every",
         "run.", "",
+        *report_lines(runs),
         "| setting | TTFT median ms (runs) | x alone | TTFT worst ms (runs) | x alone "
         "| tokens/s | x FCFS |",
         "|---|---|---|---|---|---|---|",
