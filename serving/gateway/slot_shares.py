@@ -12,8 +12,12 @@ Rules:
   (water-filling), no key above `total - reserved`, as one gateway caps a key;
 - a key's share is split among the replicas by their demand for it, the remainders by largest
   fraction then replica name: every replica computes the same split from the same reports;
-- a key that asks on a replica has a share there, 0 included: only a key new to a replica
-  (not reported yet) may take the reserved slots there.
+- a small key (at most `reserved` seats for each replica it asks on) runs in the reserved
+  slots of the replicas it asks on, smallest first, as far as they go: as with one gateway, whose
+  reserved slot a quiet key takes, the pool (the flood's share) does not move when such a key
+  comes and goes, so no replica is left above a share that shrank under it;
+- any other key that asks on a replica has a share there, 0 included: only a key new to a
+  replica (not reported yet) or a small one may take the reserved slots there.
 """
 
 from __future__ import annotations
@@ -31,12 +35,15 @@ class Shares:
     reserved: int
     keys: Mapping[str, Mapping[str, int]]
     """replica -> key -> seats it may run there."""
+    lent: Mapping[str, int]
+    """replica -> seats of the pool nobody wants, lent to it for what its small keys run in its
+    reserved slots (so a key new to it still finds them while the engines have room)."""
 
     def key(self, replica: str, key: str) -> int:
         return self.keys.get(replica, {}).get(key, 0)
 
     def replica(self, replica: str) -> int:
-        return self.reserved + sum(self.keys.get(replica, {}).values())
+        return self.reserved + self.lent.get(replica, 0) + sum(self.keys.get(replica, {}).values())
 
 
 def share_slots(
@@ -58,22 +65,59 @@ def share_slots(
         for key, count in per_key.items():
             if count > 0:
                 wanted[key] = wanted.get(key, 0) + count
+    pooled, small = _beyond_headroom(demand, wanted, headroom)
+    pool_wanted: dict[str, int] = {}
+    for per_key in pooled.values():
+        for key, count in per_key.items():
+            pool_wanted[key] = pool_wanted.get(key, 0) + count
     cap = max(1, total - reserved)
-    granted = _water_fill(pool, {key: min(count, cap) for key, count in wanted.items()}, weights)
-    # A key asking on a replica has a share there, 0 included: only a key new to a replica
-    # (not reported yet) may take its reserved slots.
-    keys = {
-        replica: {key: 0 for key, n in demand[replica].items() if n > 0} for replica in replicas
-    }
+    granted = _water_fill(pool, {k: min(n, cap) for k, n in pool_wanted.items()}, weights)
+    # A key asking on a replica beyond its reserved slots has a share there, 0 included: only
+    # a key new to a replica (not reported yet) or a small one may take its reserved slots.
+    keys = {replica: dict.fromkeys(pooled[replica], 0) for replica in replicas}
     for key, share in granted.items():
         asks = [
             (replica, count, running.get(replica, {}).get(key, 0))
             for replica in replicas
-            if (count := demand[replica].get(key, 0)) > 0
+            if (count := pooled[replica].get(key, 0)) > 0
         ]
         for replica, part in _split(share, asks).items():
             keys[replica][key] = part
-    return Shares(headroom, keys)
+    unwanted = pool - sum(granted.values())
+    lent: dict[str, int] = {}
+    for replica in replicas:
+        if (seats := min(small[replica], unwanted)) > 0:
+            lent[replica] = seats
+            unwanted -= seats
+    return Shares(headroom, keys, lent)
+
+
+def _beyond_headroom(
+    demand: Demand, wanted: Mapping[str, int], headroom: int
+) -> tuple[dict[str, dict[str, int]], dict[str, int]]:
+    """Each replica's demand less what its reserved slots take, and how many they take: the
+    seats of the small keys, smallest then by name, while they fit. A key is small when it
+    asks no more than `headroom` a replica it asks on: a quiet key's requests on two replicas
+    at once (or one a report behind the other) stay small, a flood's stray request does not."""
+    asking: dict[str, int] = {}
+    for per_key in demand.values():
+        for key, count in per_key.items():
+            if count > 0:
+                asking[key] = asking.get(key, 0) + 1
+    pooled: dict[str, dict[str, int]] = {}
+    small: dict[str, int] = {}
+    for replica, per_key in demand.items():
+        room = headroom
+        left = pooled[replica] = {}
+        for key, count in sorted(per_key.items(), key=lambda item: (wanted.get(item[0], 0), item)):
+            if count <= 0:
+                continue
+            if wanted[key] <= headroom * asking[key] and count <= room:
+                room -= count
+            else:
+                left[key] = count
+        small[replica] = headroom - room
+    return pooled, small
 
 
 def _water_fill(

@@ -116,10 +116,11 @@ def test_a_flood_through_one_replica_leaves_a_quiet_key_a_slot_on_the_other(
             f"worst {worst * 1000:.0f} ms ({worst / alone:.2f}x)"
         )
         # The quiet key never waited in its replica's queue for a flood's stream to end (each
-        # lasts seconds). While shares move between the replicas' reports a request may wait a
-        # few report intervals: a clean clone saw one of eight quiet requests wait about 0.25 s.
+        # lasts seconds): its one request runs in the replica's reserved slot and moves no
+        # share, so no replica is left above a share that shrank (as on one gateway, a few ms
+        # at most while its previous request's slot is let go).
         count = total(waits, "gateway_queue_wait_seconds_count", key=quiet_id)
-        assert total(waits, "gateway_queue_wait_seconds_bucket", key=quiet_id, le="1.0") == count
+        assert total(waits, "gateway_queue_wait_seconds_bucket", key=quiet_id, le="0.1") == count
         assert median <= MEDIAN_GOAL * alone, (alone, flooded)
         assert worst < STALL_BOUND_S, (alone, flooded)
         eventually(lambda: idle(stack), budget_s=120)
