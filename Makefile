@@ -158,7 +158,8 @@ bench-routing: $(STAMP)
 	$(BIN)/python -m bench.routing
 
 # A quiet key's time to first token while a noisy key floods one real CPU engine: vLLM's
-# FCFS queue vs the gateway's fair queue at several --reserved-slots, 3 runs, ~10 min.
+# FCFS queue vs the gateway's fair queue (one gateway, and two replicas on one Redis), 3 runs,
+# ~20 min.
 bench-fairness: $(STAMP)
 	$(BIN)/python -m bench.fairness
 

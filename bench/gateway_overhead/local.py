@@ -32,6 +32,7 @@ from bench.gateway_overhead.paths import (
     start_path,
     start_upstream,
 )
+from bench.gateway_overhead.pieces import measure_pieces
 from bench.gateway_overhead.processes import BenchError, Launcher, can_pin, pin_self
 from bench.gateway_overhead.profile import ProfileSummary, profile_process
 from bench.gateway_overhead.redis_server import RedisUnavailable
@@ -105,6 +106,7 @@ async def run_local(options: LocalOptions, log: Callable[[str], None]) -> Json:
             if path is not None and wanted:
                 log(f"profiling {name} under load ...")
                 profiles[name] = await _profile(path, launcher, options)
+    pieces = measure_pieces() if "gateway" in summaries else {}  # its processes are gone
     loadavg_after = _loadavg()
     all_samples = [s for per_metric in samples.values() for run in per_metric.values() for s in run]
     doc: Json = {
@@ -151,6 +153,7 @@ async def run_local(options: LocalOptions, log: Callable[[str], None]) -> Json:
         "ratios": ratios,
         "targets": [*targets, *redis_targets],
         "notes": _notes(all_samples, summaries),
+        "pieces": pieces,
         "profile": profiles.get("gateway"),
         "profile_redis": profiles.get(GATEWAY_REDIS),
     }

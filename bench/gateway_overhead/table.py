@@ -1,4 +1,5 @@
-"""The results as Markdown: the side-by-side table, the targets, notes and the profile.
+"""The results as Markdown: the side-by-side table, the targets, notes, the pieces and the
+profile.
 
     print(local_markdown(results))      # also what `gateway_overhead.md` holds
 
@@ -7,10 +8,12 @@ A Markdown table reads well in a terminal too, so one format serves both.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from bench.gateway_overhead.paths import GATEWAY_REDIS
+from bench.gateway_overhead.pieces import pieces_lines
 from bench.gateway_overhead.redis_server import ROUND_TRIPS, TOTAL, script_commands
 from bench.markdown import num as _num
 from bench.markdown import pct as _pct
@@ -169,6 +172,11 @@ def profile_lines(
     return lines
 
 
+def _gateway_us_per_stream(doc: Doc) -> float:
+    gateway = doc["paths"].get("gateway")
+    return float(gateway["summary"].get("proxy_cpu_us_per_stream", "nan")) if gateway else math.nan
+
+
 def local_markdown(doc: Doc) -> str:
     machine, plan = doc["machine"], doc["plan"]
     lines = [
@@ -194,6 +202,7 @@ def local_markdown(doc: Doc) -> str:
         *(f"- {path['label']}: {path['notes']}" for path in doc["paths"].values() if path["notes"]),
         *(f"- {name}: not measured: {why}" for name, why in doc["skipped"].items()),
         *(f"- {note}" for note in doc["notes"]),
+        *pieces_lines(doc.get("pieces") or {}, _gateway_us_per_stream(doc)),
         *profile_lines(doc.get("profile")),
         *profile_lines(
             doc.get("profile_redis"), title="Where the gateway's time goes with the Redis store"

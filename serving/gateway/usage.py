@@ -262,8 +262,9 @@ class ResponseMeter:
 
     def _lines(self, block: bytes) -> bytes | None:
         """`_feed` for what vLLM sends: whole events of one `data:` line each (None: the
-        block is not that; `_feed` then takes it whole). One forward pass, position by
-        position, costs about a third of `_feed`'s scans (docs/benchmarks.md).
+        block is not that; `_feed` then takes it whole). One forward pass, event by event,
+        instead of `_feed`'s searches over the whole block: this runs on every chunk of every
+        stream (its cost: docs/benchmarks.md).
 
         vLLM's running usage is the last field of its event, right after the choices, so
         an event holding one is neither the final usage chunk nor an error event and needs

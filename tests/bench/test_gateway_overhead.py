@@ -86,6 +86,11 @@ def test_quick_run_writes_sane_results(tmp_path: Path) -> None:
     assert "req/s vs passthrough" in markdown
     assert "Redis store vs in-process store (same gateway, same rounds):" in markdown
     assert "Redis round trips per request" in markdown
+    # The usage read and the request object, timed on the upstream's own stream.
+    pieces = doc["pieces"]
+    assert 0 < pieces["final_usage_event_us"] < pieces["meter_one_event_per_read_us"]
+    assert 0 < pieces["held_request_us"] < pieces["meter_lagging_reads_us"]
+    assert "| usage read of one stream, one event per read |" in markdown
 
 
 def test_secrets_are_not_recorded() -> None:
