@@ -96,9 +96,10 @@ def _beyond_headroom(
     demand: Demand, wanted: Mapping[str, int], headroom: int
 ) -> tuple[dict[str, dict[str, int]], dict[str, int]]:
     """Each replica's demand less what its reserved slots take, and how many they take: the
-    seats of the small keys, smallest then by name, while they fit. A key is small when it
-    asks no more than `headroom` a replica it asks on: a quiet key's requests on two replicas
-    at once (or one a report behind the other) stay small, a flood's stray request does not."""
+    seats of the small keys, smallest then by name, while they fit. A key is small when its
+    seats over all replicas are at most `headroom` per replica it asks on: a quiet key's
+    requests on two replicas at once (or one a report behind the other) stay small, a flood's
+    stray request on a second replica does not."""
     asking: dict[str, int] = {}
     for per_key in demand.values():
         for key, count in per_key.items():
