@@ -4,12 +4,17 @@ is not asserted: that is what the benchmark reports; the Redis round trips per r
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 from bench.gateway_overhead import report, table
 from bench.gateway_overhead.__main__ import shown_command
@@ -189,3 +194,32 @@ def test_redis_row_ratio_and_round_trips_in_the_results() -> None:
     assert "one at a time. " in text and "1.001 at 32 concurrent (1.000 of them EVALSHA)" in text
     assert "2,426 round trips (evalsha 2,420, ping 6)" in text
     assert "24,200 more commands (hincrby 24,200), 11.0 per request" in text
+
+
+def test_sigterm_stops_what_the_benchmark_started(tmp_path: Path) -> None:
+    """`timeout` or a cancelled job sends SIGTERM: the benchmark ends as on Ctrl-C (130),
+    and the upstream and gateway it started do not outlive it."""
+    command = [
+        *(sys.executable, "-m", "bench.gateway_overhead", "--quick", "--paths", "gateway"),
+        *("--profile", "never", "--output-dir", str(tmp_path)),
+    ]
+    bench = subprocess.Popen(
+        command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    parent = psutil.Process(bench.pid)
+    children: list[psutil.Process] = []
+    try:
+        deadline = time.monotonic() + 120
+        while len(children := parent.children(recursive=True)) < 2:  # upstream and gateway
+            assert time.monotonic() < deadline and bench.poll() is None, "nothing started"
+            time.sleep(0.2)
+        bench.send_signal(signal.SIGTERM)
+        assert bench.wait(timeout=60) == 130
+        _, alive = psutil.wait_procs(children, timeout=10)
+        assert alive == [], [child.pid for child in alive]
+    finally:
+        bench.kill()
+        bench.wait()
+        for child in children:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                child.kill()
