@@ -60,12 +60,7 @@ def share_slots(
     replicas = sorted(demand)
     headroom = min(reserved, total // max(1, len(replicas)))
     pool = max(0, total - headroom * len(replicas))
-    wanted: dict[str, int] = {}
-    for per_key in demand.values():
-        for key, count in per_key.items():
-            if count > 0:
-                wanted[key] = wanted.get(key, 0) + count
-    pooled, small = _beyond_headroom(demand, wanted, headroom)
+    pooled, small = _beyond_headroom(demand, headroom)
     pool_wanted: dict[str, int] = {}
     for per_key in pooled.values():
         for key, count in per_key.items():
@@ -93,26 +88,27 @@ def share_slots(
 
 
 def _beyond_headroom(
-    demand: Demand, wanted: Mapping[str, int], headroom: int
+    demand: Demand, headroom: int
 ) -> tuple[dict[str, dict[str, int]], dict[str, int]]:
     """Each replica's demand less what its reserved slots take, and how many they take: the
     seats of the small keys, smallest then by name, while they fit. A key is small when its
     seats over all replicas are at most `headroom` per replica it asks on: a quiet key's
     requests on two replicas at once (or one a report behind the other) stay small, a flood's
     stray request on a second replica does not."""
-    asking: dict[str, int] = {}
+    wanted: dict[str, int] = {}  # seats over all replicas
+    asking: dict[str, int] = {}  # replicas asked on
     for per_key in demand.values():
         for key, count in per_key.items():
             if count > 0:
+                wanted[key] = wanted.get(key, 0) + count
                 asking[key] = asking.get(key, 0) + 1
     pooled: dict[str, dict[str, int]] = {}
     small: dict[str, int] = {}
     for replica, per_key in demand.items():
         room = headroom
         left = pooled[replica] = {}
-        for key, count in sorted(per_key.items(), key=lambda item: (wanted.get(item[0], 0), item)):
-            if count <= 0:
-                continue
+        asks = [(key, count) for key, count in per_key.items() if count > 0]
+        for key, count in sorted(asks, key=lambda item: (wanted[item[0]], item)):
             if wanted[key] <= headroom * asking[key] and count <= room:
                 room -= count
             else:
