@@ -13,7 +13,9 @@ A stall stages the race only when the request was not yet among the events the l
 handling: on a busy machine the loop can reach its poll late, find the stall's event and the
 request's together, and read the request right after the stall (a CI run saw no resend). So
 the outcome decides: a stall is staged when the next request the server reads comes on a new
-connection, and until one is, the server stalls again after each response. It counts the
+connection, and until one is, the server stalls again after each response. The loop can
+also read the request in the same I/O phase just before the stall's callback: nothing then
+arrives unread, and the stall ends at once (it could not stage the race). It counts the
 requests it read, the client addresses they came from (one per connection), the stalls it
 tried, and after which request the race was staged.
 
@@ -34,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import uvicorn
+from uvicorn.server import ServerState
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -56,6 +59,7 @@ class StallingServer:
     # did), and the stall whose outcome the next request tells: (requests read, their client).
     staged_after: int | None = None
     pending: tuple[int, tuple[str, int]] | None = None
+    state: ServerState | None = None  # uvicorn's, set once its server exists
 
     @property
     def url(self) -> str:
@@ -104,11 +108,19 @@ class StallingServer:
             ended = time.monotonic()
             deadline = ended + NEXT_REQUEST_TIMEOUT_S
             while not unread_bytes(self.port) and time.monotonic() < deadline:
+                if self.request_read():
+                    return
                 time.sleep(0.01)
             time.sleep(max(0.0, ended + self.keep_alive_s + 0.3 - time.monotonic()))
 
         loop.add_reader(ours, stall)
         theirs.send(b"!")
+
+    def request_read(self) -> bool:
+        """Whether uvicorn read a request it has not answered (its task waits for the loop)."""
+        assert self.state is not None
+        cycles = (getattr(c, "cycle", None) for c in self.state.connections)
+        return any(c is not None and not c.response_complete for c in cycles)
 
 
 def unread_bytes(port: int) -> bool:
@@ -137,6 +149,7 @@ def stalling_server(*, keep_alive_s: int) -> Iterator[StallingServer]:
         timeout_keep_alive=keep_alive_s, log_level="warning",
     )  # fmt: skip
     server = uvicorn.Server(config)
+    app.state = server.server_state
     thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
     thread.start()
     deadline = time.monotonic() + 60
