@@ -110,6 +110,10 @@ WORKERS ?= auto
 # tools install at once (downloads and unpacking), then ruff, mypy and the docs site check
 # at once (mypy on one core). Each step's output is printed whole when it ends.
 PREPARE := $(MAKE) --no-print-directory -j4 --output-sync=target
+# The tests cache bytecode even where the environment says not to (PYTHONDONTWRITEBYTECODE,
+# which some CI images set): without the cache every pytest process rewrites the asserts of
+# all its test modules again, and every process a test starts compiles the project anew.
+check test: export PYTHONDONTWRITEBYTECODE :=
 check:
 	@$(PREPARE) lint typecheck docs $(K8S_STAMP)
 	$(BIN)/python -m pytest -q -rfEs --check-tier -n $(WORKERS) --durations=10
