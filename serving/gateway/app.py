@@ -21,8 +21,10 @@ import logging
 import time
 
 from serving.gateway.admin.api import is_admin_path
+from serving.gateway.anthropic_errors import ANTHROPIC
+from serving.gateway.api_dialect import Dialect
 from serving.gateway.assembly import Gateway, assemble
-from serving.gateway.auth import Authenticator, Caller
+from serving.gateway.auth import Authenticator, Caller, bearer_of_api_key
 from serving.gateway.errors import (
     ClientGone,
     GatewayError,
@@ -37,12 +39,20 @@ from serving.gateway.errors import (
 )
 from serving.gateway.forwarded_headers import REQUEST_ID, request_id
 from serving.gateway.metrics import CONTENT_TYPE, NONE, RequestRecord
-from serving.gateway.openai_request import check_tokenize_body
+from serving.gateway.openai_request import check_count_tokens_body, check_tokenize_body
 from serving.gateway.proxy import ProxyOutcome, ProxyRequest
 from serving.gateway.quota import Clock, QuotaStoreUnavailable, rate_limit_raw_headers
 from serving.gateway.request_body import is_plain_path, read_body, worth_precheck
 from serving.gateway.responses import send_bytes, send_error, send_json
-from serving.gateway.route_table import HEALTH_PATH, ROUTES, TOKENIZE_PATH, Route, RouteTable
+from serving.gateway.route_table import (
+    COUNT_TOKENS_PATH,
+    HEALTH_PATH,
+    ROUTES,
+    TOKENIZE_PATH,
+    Route,
+    RouteTable,
+    dialect_of,
+)
 from serving.gateway.settings import GatewaySettings
 from serving.gateway.types import RawHeaders, Receive, Scope, Send
 
@@ -107,11 +117,14 @@ class GatewayApp:
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = time.perf_counter()
         authorization: bytes | None = None
+        api_key: bytes | None = None
         client_request_id: bytes | None = None
         content_length: bytes | None = None
         for name, value in scope["headers"]:
             if name == b"authorization":
                 authorization = value
+            elif name == b"x-api-key":
+                api_key = value
             elif name == REQUEST_ID:
                 client_request_id = value
             elif name == b"content-length":
@@ -136,8 +149,13 @@ class GatewayApp:
         else:
             record = RequestRecord(started)
             self.metrics.in_flight += 1
+            dialect = dialect_of(path)
+            if authorization is None and dialect is ANTHROPIC:
+                authorization = bearer_of_api_key(api_key)  # Anthropic's clients send it so
             try:
-                await self._api(scope, receive, send, rid, authorization, content_length, record)
+                await self._api(
+                    scope, receive, send, rid, authorization, content_length, record, dialect
+                )
             finally:
                 self.metrics.in_flight -= 1
                 if path.startswith(API_PREFIX) or record.key != NONE:
@@ -153,10 +171,11 @@ class GatewayApp:
         authorization: bytes | None,
         content_length: bytes | None,
         record: RequestRecord,
+        dialect: Dialect,
     ) -> None:
         """Every path but the gateway's own: the route table decides (refusals before the
         key is even checked), and this is the one place where an exception becomes the
-        client's answer."""
+        client's answer, in the words of the path's API (`dialect`)."""
         path: str = scope["path"]
         method: str = scope["method"]
         caller: Caller | None = None
@@ -177,7 +196,7 @@ class GatewayApp:
             target = route.path.encode()
             if scope["query_string"]:
                 target += b"?" + scope["query_string"]
-            request = ProxyRequest(method, target, scope["headers"], body, rid)
+            request = ProxyRequest(method, target, scope["headers"], body, rid, dialect=dialect)
             kind = route.metered
             if kind is not None:
                 await self.completions.handle(kind, caller, request, receive, send, record)
@@ -187,9 +206,9 @@ class GatewayApp:
                 await self._forward_free(route, caller, request, receive, send, record)
         except QuotaStoreUnavailable:  # the policy is to fail closed
             error = quota_unavailable_error(self.settings.retry_after_s)
-            await self._answer(error, send, rid, record)
+            await self._answer(error, send, rid, record, dialect=dialect)
         except GatewayError as error:
-            await self._answer(error, send, rid, record, caller)
+            await self._answer(error, send, rid, record, caller, dialect=dialect)
         except ClientGone:  # or was cut off by the body deadline (a 408); metrics count a 499
             logger.info("request %s: client went away before it was answered", rid.decode())
         except Exception:
@@ -198,7 +217,7 @@ class GatewayApp:
             logger.exception("request %s failed", rid.decode())
             internal = InternalError("The server had an error while processing your request.")
             with contextlib.suppress(Exception):  # the client may be gone too
-                await self._answer(internal, send, rid, record)
+                await self._answer(internal, send, rid, record, dialect=dialect)
 
     async def _answer(
         self,
@@ -207,23 +226,25 @@ class GatewayApp:
         rid: bytes,
         record: RequestRecord,
         caller: Caller | None = None,
+        *,
+        dialect: Dialect,
     ) -> None:
-        """The one place a failure becomes the client's answer: an OpenAI error JSON (with the
-        key's rate-limit state, when it is known and the error is not a 429 carrying its
-        own), or, once a response has started, a final SSE error event (any other started
-        response is cut: the client sees it truncated)."""
+        """The one place a failure becomes the client's answer: an error JSON in the words of
+        the route's API (with the key's rate-limit state, when it is known and the error is
+        not a 429 carrying its own), or, once a response has started, a final SSE error
+        event (any other started response is cut: the client sees it truncated)."""
         exchange = record.exchange
         if exchange is not None and exchange.status:
             if exchange.sse:  # ends a half-sent event first, so the error parses on its own
-                body = (b"\n\n" if exchange.open_event else b"") + error.sse_event()
+                body = (b"\n\n" if exchange.open_event else b"") + dialect.sse_event(error)
                 await send({"type": "http.response.body", "body": body, "more_body": False})
             return
-        record.status = error.http_status
+        record.status = dialect.status(error)
         headers: RawHeaders = []
         if caller is not None and not isinstance(error, RateLimitError):
             with contextlib.suppress(QuotaStoreUnavailable):  # the error matters more
-                headers = rate_limit_raw_headers(await self.quota.status(caller, ""))
-        await send_error(send, error, request_id=rid, headers=headers)
+                headers = dialect.rate_limit_headers(await self.quota.status(caller, ""))
+        await send_error(send, error, request_id=rid, headers=headers, dialect=dialect)
 
     async def _forward_free(
         self,
@@ -234,12 +255,15 @@ class GatewayApp:
         send: Send,
         record: RequestRecord,
     ) -> None:
-        """An unmetered route (the model list; tokenize when served): passed through with the
-        key's rate-limit headers. A tokenize body is checked as a chat or completion body is
-        (fields, media), since vLLM renders it the same way."""
+        """An unmetered route (Messages' count_tokens; tokenize when served): passed through
+        with the key's rate-limit headers. A tokenize body is checked as a chat or completion
+        body is (fields, media), a count_tokens body as a Messages body, since vLLM renders
+        them the same way."""
         if route.path == TOKENIZE_PATH:
             check_tokenize_body(request.body, self.completions.images)
-        headers = rate_limit_raw_headers(await self.quota.status(caller, ""))
+        elif route.path == COUNT_TOKENS_PATH:
+            check_count_tokens_body(request.body, self.completions.images)
+        headers = request.dialect.rate_limit_headers(await self.quota.status(caller, ""))
         request = dataclasses.replace(request, response_headers=headers)
         outcome = record.exchange = ProxyOutcome()
         try:

@@ -87,6 +87,13 @@ def parse_bearer(authorization: bytes | None) -> bytes | None:
     return token
 
 
+def bearer_of_api_key(api_key: bytes | None) -> bytes | None:
+    """An `x-api-key` value (Anthropic's clients send the key so) as the `Authorization`
+    value `authenticate` reads, so it takes the same path: hashed, compared in constant
+    time, never kept."""
+    return None if api_key is None else b"Bearer " + api_key.strip()
+
+
 class StaticKeyAuthenticator:
     """Accepts a fixed set of keys given as `hash_secret` digests (the development keys).
 

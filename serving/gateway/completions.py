@@ -1,6 +1,7 @@
-"""The request logic of the metered routes (chat completions, completions, Responses), top
-to bottom: parse, admit, check, wait for a slot, forward, settle (docs/architecture.md, the
-request path; what each ending is charged: docs/gateway.md, charging rules).
+"""The request logic of the metered routes (chat completions, completions, Responses,
+Anthropic Messages), top to bottom: parse, admit, check, wait for a slot, forward, settle
+(docs/architecture.md, the request path; what each ending is charged: docs/gateway.md,
+charging rules).
 
     await completions.handle("chat", caller, request, receive, send, record)
 
@@ -37,7 +38,7 @@ from serving.gateway.openai_request import (
     render_upstream_body,
 )
 from serving.gateway.proxy import Proxy, ProxyOutcome, ProxyRequest
-from serving.gateway.quota import Admission, Lease, QuotaEngine, Refusal, rate_limit_raw_headers
+from serving.gateway.quota import Admission, Lease, QuotaEngine, Refusal
 from serving.gateway.quota.engine import BeyondContext
 from serving.gateway.routing import Engine, prefix_hashes, prompt_text
 from serving.gateway.types import Receive, Send
@@ -218,6 +219,7 @@ class Completions:
             strip_chunk_usage=usage_chunks and not parsed.client_wants_running_usage,
             tokens_per_event=interval,
             responses=parsed.kind == "responses",
+            messages=parsed.kind == "messages",
         )
         prefixes: list[int] = []
         if self._proxy.router.wants_prefixes:
@@ -235,10 +237,11 @@ class Completions:
                 stream_interval=interval,
             ),
             request.request_id,
-            response_headers=rate_limit_raw_headers(admission.rate_limit),
+            response_headers=request.dialect.rate_limit_headers(admission.rate_limit),
             meter=meter,
             prefixes=prefixes,
             engines=self._catalog.engines_serving(model),
+            dialect=request.dialect,
         )
 
     async def _release(self, held: HeldRequest, parsed: CompletionRequest) -> None:
@@ -324,9 +327,14 @@ def _cut_charge(
 
 def _cut_prompt(parsed: CompletionRequest, meter: ResponseMeter) -> int:
     """The prompt tokens a request without a final usage is charged: vLLM's count from a
-    chat stream's running usage, else the estimate (an upper bound). A completions chunk
-    counts only its own prompt's tokens, so several prompts keep the estimate."""
-    counted = meter.running_usage if parsed.stream and parsed.kind == "chat" else None
+    chat stream's running usage or a Messages stream's first event, else the estimate (an
+    upper bound). A completions chunk counts only its own prompt's tokens, so several
+    prompts keep the estimate."""
+    counted = None
+    if parsed.stream and parsed.kind == "chat":
+        counted = meter.running_usage
+    elif parsed.stream and parsed.kind == "messages":
+        counted = meter.start_usage
     return parsed.prompt_estimate if counted is None else counted.prompt_tokens
 
 

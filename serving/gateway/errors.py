@@ -26,7 +26,7 @@ from serving.gateway.hop_connection import (
     HopPayloadError,
     HopProtocolError,
 )
-from serving.gateway.quota import Refusal, rate_limit_raw_headers
+from serving.gateway.quota import RateLimitStatus, Refusal, rate_limit_raw_headers
 from serving.gateway.types import RawHeaders
 
 
@@ -155,11 +155,14 @@ class RateLimitError(GatewayError):
         code: str,
         retry_after_s: float,
         rate_limit_headers: RawHeaders,
+        rate_limit: RateLimitStatus | None = None,
     ) -> None:
         super().__init__(message, retry_after_s=retry_after_s)
         self.error_type = error_type
         self.error_code = code
         self.rate_limit_headers = rate_limit_headers
+        self.rate_limit = rate_limit
+        """The state the refusal was decided on (another API names its headers its way)."""
 
     def payload(self) -> dict[str, object]:
         return {
@@ -305,6 +308,7 @@ def refusal_error(refusal: Refusal) -> RateLimitError:
         code=refusal.code,
         retry_after_s=wait,
         rate_limit_headers=rate_limit_raw_headers(refusal.rate_limit),
+        rate_limit=refusal.rate_limit,
     )
 
 

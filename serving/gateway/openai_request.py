@@ -1,4 +1,5 @@
-"""The JSON body of a metered request (chat completions, completions, the Responses API).
+"""The JSON body of a metered request (chat completions, completions, the Responses API,
+Anthropic Messages).
 
     request = parse_completion_request("chat", body)     # or InvalidRequestError (400)
     upstream_body = render_upstream_body(request, max_tokens=admission.max_tokens)
@@ -21,6 +22,7 @@ from typing import Any
 
 import orjson
 
+from serving.gateway.anthropic_request import messages_prompt_estimate
 from serving.gateway.errors import InvalidRequestError
 from serving.gateway.images import ImagePolicy
 from serving.gateway.prompt_estimate import (
@@ -44,6 +46,7 @@ __all__ = [
     "CompletionRequest",
     "Kind",
     "chat_prompt_estimate",
+    "check_count_tokens_body",
     "check_max_tokens",
     "check_tokenize_body",
     "parse_completion_request",
@@ -63,6 +66,7 @@ _MAX_TOKENS_FIELDS: dict[Kind, tuple[str, ...]] = {
     "chat": ("max_completion_tokens", "max_tokens"),
     "completion": ("max_tokens",),
     "responses": ("max_output_tokens",),
+    "messages": ("max_tokens",),
 }
 
 
@@ -90,8 +94,9 @@ class CompletionRequest:
     @property
     def usage_upstream(self) -> bool:
         """A chat or completion stream: vLLM is asked for its usage, at the end and in every
-        chunk (`render_upstream_body`). A Responses stream always ends with its own."""
-        return self.stream and self.kind != "responses"
+        chunk (`render_upstream_body`). A Responses or Messages stream always carries its own
+        (a Messages stream in its first and last events)."""
+        return self.stream and (self.kind == "chat" or self.kind == "completion")
 
     @property
     def max_tokens_field(self) -> str:
@@ -112,7 +117,7 @@ def parse_completion_request(
     check_fields(kind, data)
     stream = _optional_bool(data, "stream")
     wants_usage = wants_running = False
-    if kind != "responses":  # a Responses stream always ends with its usage
+    if kind == "chat" or kind == "completion":  # the other streams always carry their usage
         options = data.get("stream_options")
         if options is not None and not isinstance(options, dict):
             raise _invalid("stream_options", "'stream_options' must be an object or null.")
@@ -125,6 +130,8 @@ def parse_completion_request(
             and _optional_bool(options, "continuous_usage_stats", "stream_options")
         )
     requested = _max_tokens(data, kind)
+    if requested is None and kind == "messages":  # Anthropic's API requires it
+        raise _invalid("max_tokens", "max_tokens: Field required.")
     images = images or ImagePolicy.defaults()
     prompts = 1
     if kind == "chat":
@@ -133,6 +140,9 @@ def parse_completion_request(
     elif kind == "responses":
         n = 1
         estimate = longest = responses_prompt_estimate(data, images)
+    elif kind == "messages":
+        n = 1
+        estimate = longest = messages_prompt_estimate(data, images)
     else:
         estimates = completion_prompt_estimates(data.get("prompt"))
         suffix = text_bytes(data.get("suffix"))
@@ -176,6 +186,14 @@ def check_tokenize_body(body: bytes, images: ImagePolicy) -> None:
         chat_prompt_estimate(data, images)
 
 
+def check_count_tokens_body(body: bytes, images: ImagePolicy) -> None:
+    """vLLM's /v1/messages/count_tokens renders a Messages body as /v1/messages does: the
+    same checks of fields and media apply, no reservation."""
+    data = _json_object(body)
+    check_fields("messages", data)
+    messages_prompt_estimate(data, images)
+
+
 def render_upstream_body(
     request: CompletionRequest,
     *,
@@ -194,6 +212,8 @@ def render_upstream_body(
     gateway's (`GatewaySettings.stream_interval`; a client's own is refused). The client's
     own bytes when nothing changes."""
     force_usage = request.usage_upstream and not request.client_wants_running_usage
+    if request.kind == "messages":
+        priority = 0  # vLLM's Messages API has no priority to set
     interval = stream_interval if request.usage_upstream and stream_interval > 1 else 0
     new_model = model is not None and model != request.model
     unchanged = request.requested_max_tokens == max_tokens and not new_model and not priority

@@ -8,7 +8,8 @@ Rules:
   aborts the request; its watcher starts only after one to two `WATCH_TICK_S` ticks of one
   shared timer, so short requests never pay for one;
 - one `await send` per chunk, so a slow client slows the upstream read (backpressure);
-- an upstream error with an OpenAI-shaped body passes through; every other failure is
+- an upstream error with a body the route's API words passes through (`ProxyRequest.dialect`:
+  OpenAI-shaped, or re-worded for Anthropic's); every other failure is
   raised as a `GatewayError` for the app's error boundary (the proxy writes no error
   response of its own);
 - no response, or a 5xx before a byte was relayed: sent once more to another engine; once a
@@ -25,12 +26,12 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from serving.gateway.api_dialect import OPENAI, Dialect
 from serving.gateway.errors import (
     UPSTREAM_FAILURES,
     GatewayError,
     UpstreamUnavailableError,
     map_upstream_exception,
-    openai_error_body,
     wrap_upstream_status,
 )
 from serving.gateway.forwarded_headers import client_response_headers, upstream_request_headers
@@ -76,6 +77,8 @@ class ProxyRequest:
     engines: frozenset[int] | None = None
     """Ids of the engines that serve the request's model (an adapter may be on some only);
     None: any engine."""
+    dialect: Dialect = OPENAI
+    """The API the route speaks: which upstream error bodies pass, and how they are worded."""
 
 
 @dataclass(slots=True)
@@ -319,12 +322,13 @@ class Proxy:
         except UPSTREAM_FAILURES as exc:
             raise self._fail(exc, request, outcome) from None
         outcome.upstream_done_at = time.perf_counter()
-        body = openai_error_body(b"".join(chunks))
-        if body is not None:
-            outcome.status = response.status
+        passed = request.dialect.upstream_error(response.status, b"".join(chunks))
+        if passed is not None:
+            status, body = passed
+            outcome.status = status
             await send_bytes(
                 send,
-                response.status,
+                status,
                 body,
                 request_id=request.request_id,
                 headers=request.response_headers,
@@ -332,7 +336,7 @@ class Proxy:
             return
         error = wrap_upstream_status(response.status, b"".join(chunks))
         logger.warning(
-            "request %s: upstream answered %d without an OpenAI error body",
+            "request %s: upstream answered %d without an error body its API words",
             request.request_id.decode(),
             response.status,
         )

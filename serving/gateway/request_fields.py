@@ -22,7 +22,7 @@ from typing import Any, Final, Literal
 from serving.gateway.errors import InvalidRequestError
 from serving.vllm_limits import DEFAULT_STREAM_INTERVAL
 
-Kind = Literal["chat", "completion", "responses"]
+Kind = Literal["chat", "completion", "responses", "messages"]
 
 _TEMPLATE = "a request's own chat template can render anything into the prompt"
 _PROCESSOR = "it changes how many prompt tokens an image becomes, which the gateway prices itself"
@@ -64,6 +64,8 @@ REFUSED: Final[dict[Kind, dict[str, Refusal]]] = {
         "prompt": (_PROMPT_TEMPLATE, (None,)),
         "background": (_BACKGROUND, (None, False)),
     },
+    # Anthropic Messages: vLLM turns the body into a chat request, and renders it the same way.
+    "messages": dict(_COMMON_REFUSED),
 }
 COUNTED: Final[dict[Kind, frozenset[str]]] = {
     "chat": frozenset(
@@ -93,6 +95,19 @@ COUNTED: Final[dict[Kind, frozenset[str]]] = {
             "previous_input_messages",
         }
     ),
+    # `output_config` becomes the chat request's response_format and reasoning_effort,
+    # `thinking` its reasoning_effort or thinking budget: both counted like chat's.
+    "messages": frozenset(
+        {
+            "messages",
+            "system",
+            "tools",
+            "tool_choice",
+            "thinking",
+            "output_config",
+            "chat_template_kwargs",
+        }
+    ),
 }
 _SAMPLING = frozenset(
     {
@@ -119,6 +134,13 @@ _RESPONSES_FREE = frozenset(
         "vllm_xargs", "watermarking", "enable_response_messages",
     }
 )  # fmt: skip
+# `metadata` is read by no renderer (vLLM drops it); `stop_sequences` are chat's `stop`.
+_MESSAGES_FREE = frozenset(
+    {
+        "model", "stream", "max_tokens", "metadata", "stop_sequences", "temperature", "top_k",
+        "top_p", "cache_salt", "watermarking", "vllm_xargs",
+    }
+)  # fmt: skip
 FREE: Final[dict[Kind, frozenset[str]]] = {
     "chat": _SAMPLING
     | {
@@ -131,6 +153,7 @@ FREE: Final[dict[Kind, frozenset[str]]] = {
     # A completion's response_format only shapes the output; chat counts it (COUNTED).
     "completion": _SAMPLING | {"best_of", "response_format"},
     "responses": _RESPONSES_FREE,
+    "messages": _MESSAGES_FREE,
 }
 
 # chat_template_kwargs a shipped Qwen template reads: switches, and what it renders like the

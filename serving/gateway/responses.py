@@ -1,9 +1,11 @@
-"""Complete responses the gateway writes itself (JSON bodies and OpenAI errors)."""
+"""Complete responses the gateway writes itself (JSON bodies, and errors in the words of the
+route's API)."""
 
 from __future__ import annotations
 
 import json
 
+from serving.gateway.api_dialect import OPENAI, Dialect
 from serving.gateway.errors import GatewayError
 from serving.gateway.forwarded_headers import REQUEST_ID
 from serving.gateway.types import RawHeaders, Send
@@ -43,11 +45,17 @@ async def send_json(
 
 
 async def send_error(
-    send: Send, error: GatewayError, *, request_id: bytes, headers: RawHeaders | None = None
+    send: Send,
+    error: GatewayError,
+    *,
+    request_id: bytes,
+    headers: RawHeaders | None = None,
+    dialect: Dialect = OPENAI,
 ) -> None:
-    """An OpenAI-shaped error response with the error's status and headers (plus `headers`,
+    """An error response in `dialect`'s shape, with its status and headers (plus `headers`,
     e.g. the rate-limit state)."""
-    extra = error.headers()
+    extra = dialect.error_headers(error)
     if headers:
         extra.extend(headers)
-    await send_bytes(send, error.http_status, error.body(), request_id=request_id, headers=extra)
+    body = dialect.body(error)
+    await send_bytes(send, dialect.status(error), body, request_id=request_id, headers=extra)

@@ -2,8 +2,9 @@
 (docs/gateway.md, routes).
 
     route = ROUTES.lookup("POST", "/v1/responses/", opt_in=settings.opt_in_routes)
-    route.metering        # "chat" | "completion" | "responses" | "free" | "models" | "health"
+    route.metering        # "chat" | "completion" | "responses" | "messages" | "free" | ...
     route.path            # vLLM's spelling, where the request is sent
+    dialect_of(path)      # how errors and rate-limit headers are worded on that path
 
 Rules:
 - a path is served only when its cost is known (the gateway's view must bound what vLLM
@@ -12,7 +13,8 @@ Rules:
   serves but the gateway does not (`REFUSED`) 403 `endpoint_not_allowed`, any other 404;
 - a path with one trailing slash added is served as the canonical one (vLLM redirects);
 - only `UPSTREAM_HEADERS` reach vLLM: some of its own headers would let a client change how
-  the engine treats its request.
+  the engine treats its request;
+- Anthropic's paths (`/v1/messages` and below, refused ones too) answer in Anthropic's words.
 """
 
 from __future__ import annotations
@@ -20,13 +22,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from serving.gateway.anthropic_errors import ANTHROPIC
+from serving.gateway.api_dialect import OPENAI, Dialect
 from serving.gateway.errors import EndpointNotAllowedError, GatewayError, RouteNotFoundError
 from serving.gateway.request_fields import Kind
 
-Metering = Literal["chat", "completion", "responses", "free", "models", "health"]
+Metering = Literal["chat", "completion", "responses", "messages", "free", "models", "health"]
 OptIn = Literal["tokenize"]
 HEALTH_PATH = "/health"
 TOKENIZE_PATH = "/tokenize"
+MESSAGES_PATH = "/v1/messages"
+COUNT_TOKENS_PATH = "/v1/messages/count_tokens"
+_MESSAGES_PREFIX = MESSAGES_PATH + "/"
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,15 +49,18 @@ class Route:
     def metered(self) -> Kind | None:
         """The kind of body the route reserves for; None for a free route."""
         metering = self.metering
-        if metering == "chat" or metering == "completion" or metering == "responses":
-            return metering
-        return None
+        if metering == "free" or metering == "models" or metering == "health":
+            return None
+        return metering
 
 
 _TABLE: tuple[Route, ...] = (
     Route("/v1/chat/completions", ("POST",), "chat"),
     Route("/v1/completions", ("POST",), "completion"),
     Route("/v1/responses", ("POST",), "responses"),
+    Route(MESSAGES_PATH, ("POST",), "messages"),
+    # Free: a tokenization, its body checked like a Messages body (fields, media).
+    Route(COUNT_TOKENS_PATH, ("POST",), "free"),
     # Answered by the gateway from every engine's list, filtered to what the key may use.
     Route("/v1/models", ("GET",), "models"),
     Route(HEALTH_PATH, ("GET", "HEAD"), "health"),
@@ -63,8 +73,6 @@ _TABLE: tuple[Route, ...] = (
 _NOT_METERED = "its tokens would not be charged to your key"
 _ENGINE_ADMIN = "it is the engine's own, for its operators"
 REFUSED: dict[str, str] = {
-    "/v1/messages": _NOT_METERED,
-    "/v1/messages/count_tokens": _NOT_METERED,
     "/v1/messages/render": _NOT_METERED,
     "/v1/chat/completions/batch": _NOT_METERED,
     "/v1/chat/completions/render": _NOT_METERED,
@@ -163,6 +171,13 @@ class RouteTable:
 
 
 ROUTES = RouteTable(_TABLE)
+
+
+def dialect_of(path: str) -> Dialect:
+    """The words of the API `path` belongs to: Anthropic's under `/v1/messages`, else OpenAI's."""
+    if path == MESSAGES_PATH or path.startswith(_MESSAGES_PREFIX):
+        return ANTHROPIC
+    return OPENAI
 
 
 def refusal(method: str, path: str) -> GatewayError:

@@ -28,8 +28,11 @@ from serving.gateway.errors import InvalidRequestError
 
 def check_schemas(data: dict[str, Any], kind: str = "chat") -> None:
     """Raise InvalidRequestError naming the first tool, response or structured-output schema
-    of a `kind` request ("chat", "completion", "responses") that is not a JSON Schema;
-    schemas in a shape vLLM refuses anyway are not looked at."""
+    of a `kind` request ("chat", "completion", "responses", "messages") that is not a JSON
+    Schema; schemas in a shape vLLM refuses anyway are not looked at."""
+    if kind == "messages":
+        _check_messages_schemas(data)
+        return
     tools = data.get("tools")
     if isinstance(tools, list) and kind != "completion":
         for index, tool in enumerate(tools):
@@ -59,6 +62,20 @@ def check_schemas(data: dict[str, Any], kind: str = "chat") -> None:
                 message = "structured_outputs.json is not JSON text."
                 raise InvalidRequestError(message, param="structured_outputs.json") from None
         _check(schema, "structured_outputs.json")
+
+
+def _check_messages_schemas(data: dict[str, Any]) -> None:
+    """An Anthropic Messages body's schemas: each tool's `input_schema`, and
+    `output_config.format.schema` (vLLM's response_format)."""
+    tools = data.get("tools")
+    if isinstance(tools, list):
+        for index, tool in enumerate(tools):
+            if isinstance(tool, dict):
+                _check(tool.get("input_schema"), f"tools[{index}].input_schema")
+    config = data.get("output_config")
+    output = config.get("format") if isinstance(config, dict) else None
+    if isinstance(output, dict):
+        _check(output.get("schema"), "output_config.format.schema")
 
 
 def _check(schema: object, param: str) -> None:

@@ -3,12 +3,14 @@ rules).
 
     meter = ResponseMeter(strip_usage=True)          # chat / completions
     meter = ResponseMeter(strip_usage=False, responses=True)   # the Responses API
+    meter = ResponseMeter(strip_usage=False, messages=True)    # Anthropic Messages
     meter.read_json(body)                  # a whole JSON body
     out = meter.feed(chunk) ... meter.end()  # an SSE stream: returns the bytes to relay
 
 Rules:
 - the final usage is read only from the parsed JSON of the one place its protocol puts it
-  (vLLM's Responses events echo request fields a client could fill with usage-shaped text);
+  (vLLM's Responses events echo request fields a client could fill with usage-shaped text;
+  a Messages stream's events are read by their `type`, `anthropic_events`);
 - per-chunk usage (`continuous_usage_stats`) is found right after `}],"usage":{`, bytes that
   cannot occur inside a JSON string; the last one is `running_usage`, and they are cut out
   unless the client asked for them;
@@ -22,8 +24,8 @@ from __future__ import annotations
 import re
 from typing import Any, NamedTuple
 
-import orjson
-
+from serving.gateway.anthropic_events import event_usage, generated_bytes, message_usage
+from serving.gateway.sse import event_data, json_value
 from serving.vllm_limits import DEFAULT_STREAM_INTERVAL
 
 # A partial event larger than this is not SSE as vLLM writes it: relay it raw.
@@ -72,28 +74,11 @@ def usage_of(value: object, *, responses: bool = False) -> Usage | None:
     return Usage(prompt, completion)
 
 
-def _payload(event: bytes) -> bytes:
-    """The data of one SSE event: its `data:` lines joined, as SSE defines it."""
-    if b"\n" in event.rstrip():
-        return b"\n".join(
-            line[5:] for line in event.splitlines() if line.startswith(b"data:")
-        ).strip()
-    return event[5:].strip() if event.startswith(b"data:") else b""
-
-
 def _delta_bytes(event: bytes) -> int:
     """The UTF-8 bytes of a Responses delta event's `delta` text (0 when it has none)."""
-    data = _loads(_payload(event))
+    data = json_value(event_data(event))
     delta = data.get("delta") if isinstance(data, dict) else None
     return len(delta.encode()) if isinstance(delta, str) else 0
-
-
-def _loads(payload: bytes) -> Any:
-    """The JSON value of `payload`, or None when it is not JSON."""
-    try:
-        return orjson.loads(payload)
-    except orjson.JSONDecodeError:
-        return None
 
 
 class ResponseMeter:
@@ -106,9 +91,11 @@ class ResponseMeter:
         "delta_bytes",
         "events",
         "inband_error",
+        "messages",
         "overtaken",
         "problem",
         "responses",
+        "start_usage",
         "strip_chunk_usage",
         "strip_usage",
         "tokens_per_event",
@@ -123,6 +110,7 @@ class ResponseMeter:
         strip_chunk_usage: bool = False,
         tokens_per_event: int = DEFAULT_STREAM_INTERVAL,
         responses: bool = False,
+        messages: bool = False,
     ) -> None:
         self.strip_usage = strip_usage
         """Drop the final usage chunk (the client did not ask for it)."""
@@ -137,11 +125,16 @@ class ResponseMeter:
         self.responses = responses
         """The Responses API: usage as input/output tokens, at `response.usage` in a
         stream's final event; never stripped."""
+        self.messages = messages
+        """Anthropic Messages: usage as input (with the cache fields) and output tokens, in
+        a stream's `message_start` and `message_delta` events; never stripped."""
         self.usage: Usage | None = None
         """The final usage (chunk), or the usage of a whole body."""
         self.events = 0
         self.delta_bytes = 0
-        """Responses streams: UTF-8 bytes of the text their delta events carried."""
+        """Responses and Messages streams: UTF-8 bytes of the text their deltas carried."""
+        self.start_usage: Usage | None = None
+        """A Messages stream's prompt as vLLM counted it (`message_start`)."""
         self.inband_error = False
         self.overtaken = False
         """vLLM went on past what was read, and the gateway let go before it caught up (a
@@ -156,7 +149,7 @@ class ResponseMeter:
     def running_usage(self) -> Usage | None:
         """vLLM's count at the last chunk that carried one (per choice: with n > 1 each
         chunk counts its own choice's tokens)."""
-        return usage_of(_loads(self._last_chunk_usage)) if self._last_chunk_usage else None
+        return usage_of(json_value(self._last_chunk_usage)) if self._last_chunk_usage else None
 
     def streamed_tokens(self, choices: int) -> int | None:
         """Completion tokens of a stream cut short, never below what vLLM made of it as far
@@ -166,7 +159,7 @@ class ResponseMeter:
         stream was `overtaken` (no count read bounds it)."""
         if self.overtaken:
             return None
-        if self.responses:
+        if self.responses or self.messages:
             # No running count, and vLLM merges several tokens into one delta for a reader
             # that fell behind: bound the tokens by the bytes of the deltas' text (a
             # byte-level BPE token is at least one byte of text), plus one per event and a
@@ -184,15 +177,21 @@ class ResponseMeter:
 
     def read_json(self, body: bytes) -> None:
         """Usage from a whole JSON body: its top-level `usage`."""
-        data = _loads(body)
+        data = json_value(body)
         if not isinstance(data, dict):
             self._problem("bad_json")
             return
         usage = data.get("usage")
         if usage is not None:
-            self.usage = usage_of(usage, responses=self.responses)
+            self.usage = self._usage_of(usage)
             if self.usage is None:
                 self._problem("bad_json")
+
+    def _usage_of(self, value: object) -> Usage | None:
+        if self.messages:
+            counts = message_usage(value)
+            return None if counts is None else Usage(*counts)
+        return usage_of(value, responses=self.responses)
 
     # -- streamed bodies that are not SSE: kept whole (up to a limit), parsed at the end ---
 
@@ -212,7 +211,7 @@ class ResponseMeter:
 
     def feed(self, chunk: bytes) -> bytes:
         """The complete events of what arrived so far, less a stripped usage event."""
-        if self.responses:
+        if self.responses or self.messages:
             return self._feed_responses(chunk)
         if not self._pending and chunk.endswith(b"\n\n"):
             out = self._lines(chunk)
@@ -311,11 +310,13 @@ class ResponseMeter:
         return b"".join(pieces)
 
     def _feed_responses(self, chunk: bytes) -> bytes:
-        """`feed` for a Responses stream; the generated text of its delta events is counted
-        (UTF-8 bytes) for a cut stream's bound. A delta event is parsed as JSON: its `delta`
-        is what vLLM generated, never the request echoed."""
+        """`feed` for a Responses or Messages stream; the generated text of its delta events
+        is counted (UTF-8 bytes) for a cut stream's bound. A delta event is parsed as JSON:
+        its `delta` is what vLLM generated, never the request echoed."""
         out = self._feed(chunk)
-        if _DELTA_TYPE_END in out:
+        if self.messages:
+            self.delta_bytes += generated_bytes(out)
+        elif _DELTA_TYPE_END in out:
             for event in out.split(b"\n\n"):
                 if _DELTA_TYPE_END in event:
                     self.delta_bytes += _delta_bytes(event)
@@ -387,17 +388,19 @@ class ResponseMeter:
 
     def _read_event(self, event: bytes) -> bool:
         """Record usage or an error from one event; True if the event is to be dropped."""
-        payload = _payload(event)
+        payload = event_data(event)
         if not payload or payload == b"[DONE]":
             return False
         if self.chunk_usage and b'"error"' not in payload and not _NO_CHOICES.search(payload):
             return False  # a chunk's running usage (`_take_chunk_usage` kept it)
-        data = _loads(payload)
+        data = json_value(payload)
         if not isinstance(data, dict):
             self._problem("bad_json")
             return False
         if "error" in data:
             self.inband_error = True
+        if self.messages:
+            return self._read_message_event(data)
         if self.responses:
             return self._read_response_event(data)
         if "usage" not in data or data.get("choices") != []:
@@ -423,6 +426,21 @@ class ResponseMeter:
         self.usage = usage_of(usage, responses=True)
         if self.usage is None:
             self._problem("bad_json")
+        return False
+
+    def _read_message_event(self, data: dict[str, Any]) -> bool:
+        """A Messages event: `message_start` carries the prompt's count, `message_delta` the
+        final usage; any other event's usage-shaped text is content or the request."""
+        found = event_usage(data)
+        if found is None or found[1] is None:
+            return False
+        usage = self._usage_of(found[1])
+        if usage is None:
+            self._problem("bad_json")
+        elif found[0] == "final":
+            self.usage = usage
+        elif usage.prompt_tokens > 0:  # vLLM writes 0 when its first chunk had no count
+            self.start_usage = usage
         return False
 
     def _problem(self, kind: str) -> None:

@@ -13,6 +13,7 @@ gates and the events a test waits for, so tests do not see each other's traffic:
                                  then [DONE]. Usage: prompt 3, completion = words sent.
     POST /v1/responses           the Responses API: JSON, or its SSE events (created, one
                                  output_text.delta per word, completed with the usage)
+    POST /v1/messages            Anthropic's Messages API and its count_tokens (`fake_messages`)
                                  The model name picks a fault:
         fault-reset              the stream is cut after 2 events
         fault-in-band            2 words, then `data: {"error": ...}` and [DONE] (as vLLM)
@@ -67,6 +68,7 @@ from tests.gateway.fake_bodies import (
     sse,
     usage_chunk,
 )
+from tests.gateway.fake_messages import count_tokens, messages
 from tests.gateway.servers import listening_socket
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -170,6 +172,11 @@ class FakeUpstream:
 
     # -- the server -------------------------------------------------------------------
 
+    def keep(self, request: web.Request, body: dict[str, Any]) -> None:
+        """Keep a generation route's JSON body for `received`."""
+        with self._changed:
+            self._bodies.setdefault(request.query.get("t", "-"), []).append(body)
+
     def _record(self, event: str) -> None:
         with self._changed:
             self._events.add(event)
@@ -199,6 +206,8 @@ class FakeUpstream:
             ("POST", "/v1/chat/completions", self._chat),
             ("POST", "/v1/completions", self._chat),
             ("POST", "/v1/responses", self._responses),
+            ("POST", "/v1/messages", lambda request: messages(self, request)),
+            ("POST", "/v1/messages/count_tokens", lambda request: count_tokens(self, request)),
             ("*", "/v1/echo", self._echo),
             ("POST", "/v1/gated-stream", self._gated_stream),
             ("POST", "/v1/bad-request", self._bad_request),

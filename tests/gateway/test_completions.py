@@ -229,7 +229,7 @@ def test_every_key_meets_the_same_route_table(keyed: GatewayServer, keys: Sqlite
     _, unlimited = new_key(keys)
     for secret in (limited, unlimited, TEST_KEY):
         with http_client(keyed.url, key=secret) as http:
-            refused = http.post("/v1/messages", json={})
+            refused = http.post("/v1/chat/completions/batch", json={})
             assert refused.status_code == 403, refused.text
             assert refused.json()["error"]["code"] == "endpoint_not_allowed"
             assert http.post("/v1/load_lora_adapter", json={}).status_code == 403

@@ -24,6 +24,7 @@ BODIES: dict[Kind, dict[str, Any]] = {
     "chat": {"model": "m", "messages": [{"role": "user", "content": "hi"}]},
     "completion": {"model": "m", "prompt": "hi"},
     "responses": {"model": "m", "input": "hi"},
+    "messages": {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]},
 }
 
 
@@ -38,6 +39,7 @@ def param_of(kind: Kind, **fields: Any) -> str | None:
 
 
 def vllm_fields(kind: Kind) -> set[str]:
+    from vllm.entrypoints.anthropic.protocol import AnthropicMessagesRequest
     from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
     from vllm.entrypoints.openai.completion.protocol import CompletionRequest
     from vllm.entrypoints.openai.responses.protocol import ResponsesRequest
@@ -46,17 +48,18 @@ def vllm_fields(kind: Kind) -> set[str]:
         "chat": ChatCompletionRequest,
         "completion": CompletionRequest,
         "responses": ResponsesRequest,
+        "messages": AnthropicMessagesRequest,
     }
     return set(models[kind].model_fields)
 
 
-@pytest.mark.parametrize("kind", ["chat", "completion", "responses"])
+@pytest.mark.parametrize("kind", ["chat", "completion", "responses", "messages"])
 def test_every_field_vllm_reads_is_classified(kind: Kind) -> None:
     # A field a new vLLM adds fails here until request_fields decides about it.
     assert vllm_fields(kind) - classified(kind) == set()
     # What is classified beyond vLLM's fields: refusals shared by every route, best_of.
     extra = classified(kind) - vllm_fields(kind)
-    assert extra <= {"best_of", "mm_processor_kwargs", "media_io_kwargs"}
+    assert extra <= {"best_of", "mm_processor_kwargs", "media_io_kwargs", "priority"}
     # Each field has one class: counted, free or refused.
     counted, free, refused = COUNTED[kind], FREE[kind], set(REFUSED[kind])
     assert not counted & free and not counted & refused and not free & refused
@@ -77,6 +80,8 @@ def test_every_field_vllm_reads_is_classified(kind: Kind) -> None:
         ("responses", "prompt", {"id": "pmpt_1"}),
         ("responses", "background", True),
         ("responses", "mm_processor_kwargs", {"max_pixels": 10**9}),
+        ("messages", "kv_transfer_params", {"do_remote_prefill": True}),
+        ("messages", "mm_payload", "none"),
     ],
 )
 def test_fields_no_estimate_can_bound_are_400s_naming_them(

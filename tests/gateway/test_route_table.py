@@ -5,8 +5,10 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from serving.gateway.anthropic_errors import ANTHROPIC
+from serving.gateway.api_dialect import OPENAI
 from serving.gateway.errors import EndpointNotAllowedError, GatewayError, RouteNotFoundError
-from serving.gateway.route_table import REFUSED, ROUTES, UPSTREAM_HEADERS
+from serving.gateway.route_table import REFUSED, ROUTES, UPSTREAM_HEADERS, dialect_of
 from tests.gateway.conftest import GatewayFactory
 from tests.gateway.fake_upstream import FakeUpstream
 from tests.gateway.servers import TEST_KEY, GatewayServer, closed_port, http_client
@@ -26,6 +28,9 @@ def refused(method: str, path: str, opt_in: frozenset[str] = frozenset()) -> Gat
         ("POST", "/v1/completions", "completion", "/v1/completions"),
         ("POST", "/v1/responses", "responses", "/v1/responses"),
         ("POST", "/v1/responses/", "responses", "/v1/responses"),
+        ("POST", "/v1/messages", "messages", "/v1/messages"),
+        ("POST", "/v1/messages/", "messages", "/v1/messages"),
+        ("POST", "/v1/messages/count_tokens", "free", "/v1/messages/count_tokens"),
         ("GET", "/v1/models", "models", "/v1/models"),
         ("GET", "/health", "health", "/health"),
         ("HEAD", "/health", "health", "/health"),
@@ -38,7 +43,7 @@ def test_served_routes(method: str, path: str, metering: str, canonical: str) ->
 
 def test_only_the_metered_routes_reserve() -> None:
     metered = {route.path for route in ROUTES.routes() if route.metered}
-    assert metered == {"/v1/chat/completions", "/v1/completions", "/v1/responses"}
+    assert metered == {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages"}
     assert not set(REFUSED) & {route.path for route in ROUTES.routes()}
 
 
@@ -73,9 +78,31 @@ def test_tokenize_is_served_only_when_opted_in() -> None:
     assert route.metering == "free" and route.metered is None
 
 
+@pytest.mark.parametrize(
+    ("path", "anthropic"),
+    [
+        ("/v1/messages", True),
+        ("/v1/messages/", True),
+        ("/v1/messages/count_tokens", True),
+        ("/v1/messages/render", True),
+        ("/v1/messagesx", False),
+        ("/v1/chat/completions", False),
+        ("/v1/responses", False),
+    ],
+)
+def test_anthropics_paths_speak_its_dialect(path: str, anthropic: bool) -> None:
+    assert (dialect_of(path) is ANTHROPIC) is anthropic
+    assert (dialect_of(path) is OPENAI) is not anthropic
+
+
+def test_messages_render_stays_refused() -> None:
+    assert isinstance(refused("POST", "/v1/messages/render"), EndpointNotAllowedError)
+
+
 def test_no_control_header_of_vllm_is_forwarded() -> None:
     assert not [name for name in UPSTREAM_HEADERS if name.startswith((b"x-vllm", b"x-data"))]
     assert b"authorization" not in UPSTREAM_HEADERS
+    assert b"x-api-key" not in UPSTREAM_HEADERS
 
 
 # -- through the gateway ------------------------------------------------------------------
@@ -100,7 +127,7 @@ def test_refusals_come_before_the_key_is_checked_and_reach_no_engine(
 ) -> None:
     before = upstream.requests_seen()
     with http_client(gateway.url, key=None) as http:
-        assert http.post("/v1/messages", json={}).status_code == 403
+        assert http.post("/v1/messages/render", json={}).status_code == 403
         assert http.post("/v1/load_lora_adapter", json={}).status_code == 403
         assert http.get("/version").status_code == 403
     with http_client(gateway.url, key=TEST_KEY) as http:

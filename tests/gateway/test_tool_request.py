@@ -194,8 +194,13 @@ def test_estimate_bounds_the_rendered_tool_conversation(
     ]
     for thinking in (False, True):
         ids = tokenizer.apply_chat_template(
-            rendered, tools=tools, add_generation_prompt=True, enable_thinking=thinking
-        )
+            rendered,
+            tools=tools,
+            add_generation_prompt=True,
+            enable_thinking=thinking,
+            return_dict=True,
+        )["input_ids"]
+        assert len(ids) > len(rendered)  # the conversation's tokens, not a dict's two keys
         assert len(ids) <= estimate
 
 

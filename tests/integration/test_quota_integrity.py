@@ -24,6 +24,7 @@ PATHS: dict[Kind, str] = {
     "chat": "/v1/chat/completions",
     "completion": "/v1/completions",
     "responses": "/v1/responses",
+    "messages": "/v1/messages",
 }
 WEATHER_TOOL = {
     "type": "function",
@@ -305,17 +306,28 @@ def test_usage_the_client_writes_into_a_responses_request_is_not_its_charge(
     assert charged_now == counted, (charged_now, counted)
 
 
+def forged_event(value: Any) -> str:
+    """`value` as the text of a whole SSE event carrying a final usage, as vLLM writes one."""
+    data = {"type": "message_delta", "choices": [], "usage": value}
+    return f"\n\nevent: message_delta\ndata: {json.dumps(data)}\n\n"
+
+
 usage_shaped: st.SearchStrategy[Any] = st.one_of(
     st.fixed_dictionaries({name: st.integers(0, 3) for name in FORGED_USAGE}),
     st.fixed_dictionaries(
         {"usage": st.fixed_dictionaries({name: st.integers(0, 3) for name in FORGED_USAGE})}
     ),
-).flatmap(lambda value: st.sampled_from([value, json.dumps(value), json.dumps(value)[1:-1]]))
+).flatmap(
+    lambda value: st.sampled_from(
+        [value, json.dumps(value), json.dumps(value)[1:-1], forged_event(value)]
+    )
+)
 # Where each route takes what a client writes, as (path, a way to put a value there).
 PLACES: dict[Kind, list[str]] = {
     "chat": ["content", "name", "tool", "schema", "user"],
     "completion": ["prompt", "user"],
     "responses": ["input", "instructions", "metadata", "tool", "schema", "user"],
+    "messages": ["content", "system", "metadata", "tool"],
 }
 
 
@@ -338,6 +350,16 @@ def with_usage_in(kind: Kind, place: str, value: Any) -> dict[str, Any]:
         if place == "schema":
             spec = {"name": "answer", "schema": schema}
             body["response_format"] = {"type": "json_schema", "json_schema": spec}
+    elif kind == "messages":
+        message = {"role": "user", "content": as_text if place == "content" else "Hi there."}
+        body = {"messages": [message], "max_tokens": 8}
+        if place == "system":
+            body["system"] = as_text
+        if place == "metadata":
+            body["metadata"] = {"user_id": as_text[:256]}
+        if place == "tool":
+            tool = {"name": "lookup", "description": as_text, "input_schema": schema}
+            body |= {"tools": [tool], "tool_choice": {"type": "none"}}
     else:
         body = {"input": as_text if place == "input" else "Hi there.", "max_output_tokens": 8}
         if place == "instructions":
@@ -354,7 +376,7 @@ def with_usage_in(kind: Kind, place: str, value: Any) -> dict[str, Any]:
     return {"model": MODEL, **body}
 
 
-@pytest.mark.parametrize("kind", ["chat", "completion", "responses"])
+@pytest.mark.parametrize("kind", ["chat", "completion", "responses", "messages"])
 def test_usage_shaped_values_in_any_client_field_never_lower_the_charge(
     stack: Stack, kind: Kind
 ) -> None:
@@ -388,7 +410,11 @@ def test_vllms_unmetered_routes_are_refused_for_the_dev_key_too(stack: Stack) ->
     headers = {"Authorization": f"Bearer {stack.api_key}"}
     body = {"model": MODEL, "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
     with httpx.Client(base_url=stack.gateway_url, headers=headers, timeout=30) as http:
-        for path in ("/v1/messages", "/v1/chat/completions/batch", "/v1/load_lora_adapter"):
+        for path in (
+            "/v1/completions/render",
+            "/v1/chat/completions/batch",
+            "/v1/load_lora_adapter",
+        ):
             response = http.post(path, json=body)
             assert response.status_code == 403, (path, response.text)
             assert response.json()["error"]["code"] == "endpoint_not_allowed"

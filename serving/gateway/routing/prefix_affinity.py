@@ -52,6 +52,9 @@ def prompt_text(kind: str, data: dict[str, Any]) -> str | None:
         if isinstance(given, str) and instructions is None:
             return given
         return json.dumps([instructions, given], sort_keys=True, separators=(",", ":"))
+    if kind == "messages":  # the system prompt, then the turns: the JSON grows at its end
+        turns = [data.get("system"), data.get("messages")]
+        return json.dumps(turns, sort_keys=True, separators=(",", ":"))
     prompt = data.get("prompt")
     return prompt if isinstance(prompt, str) else None
 

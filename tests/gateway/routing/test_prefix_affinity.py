@@ -106,3 +106,14 @@ def test_the_table_stays_bounded_and_keeps_the_newest() -> None:
     assert len(table) <= 100
     newest = prefix_hashes(f"{29:04d}" * 64)
     assert table.longest_match(newest, {0, 1}) == 1
+
+
+def test_a_messages_conversation_keys_on_its_system_prompt_and_turns() -> None:
+    system = "You are a coding agent. " * 8
+    turns = [{"role": "user", "content": "Fix the bug in main.py, please."}]
+    longer = [*turns, {"role": "assistant", "content": "Done."}, {"role": "user", "content": "x"}]
+    first = prompt_text("messages", {"system": system, "messages": turns})
+    second = prompt_text("messages", {"system": system, "messages": longer})
+    assert first is not None and second is not None
+    shared = prefix_hashes(first)
+    assert shared and prefix_hashes(second)[: len(shared) - 1] == shared[:-1]

@@ -1,0 +1,41 @@
+"""The rate-limit state as Anthropic reports it: `anthropic-ratelimit-{requests,tokens}-*`.
+
+A dimension without a limit gets no headers, as in `headers`. A reset is the RFC 3339 time
+(UTC, whole seconds rounded up) at which the window is empty again, where OpenAI's headers
+give a duration.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+from serving.gateway.quota.decision import RateLimitStatus
+
+_NAMES = {
+    kind: tuple(
+        f"anthropic-ratelimit-{kind}-{part}".encode() for part in ("limit", "remaining", "reset")
+    )
+    for kind in ("requests", "tokens")
+}
+
+
+def rfc3339(epoch_s: float) -> bytes:
+    """`epoch_s` rounded up to the second, as `2026-12-07T19:45:03Z`."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(math.ceil(epoch_s))).encode()
+
+
+def anthropic_rate_limit_headers(
+    status: RateLimitStatus, now: float | None = None
+) -> list[tuple[bytes, bytes]]:
+    """The headers for `status`, its resets counted from `now` (the wall clock's epoch
+    seconds; default: now)."""
+    headers: list[tuple[bytes, bytes]] = []
+    wall = time.time() if now is None else now
+    for kind, window in (("requests", status.requests), ("tokens", status.tokens)):
+        if window is not None:
+            limit, remaining, reset = _NAMES[kind]
+            headers.append((limit, b"%d" % window.limit))
+            headers.append((remaining, b"%d" % window.remaining))
+            headers.append((reset, rfc3339(wall + max(window.reset_after, 0.0))))
+    return headers
