@@ -11,6 +11,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -22,6 +23,19 @@ from tests.gateway.quota.redis_server import RedisServer
 from tests.gateway.servers import TEST_KEY, GatewayServer
 
 GatewayFactory = Callable[..., GatewayServer]
+
+
+@pytest.fixture(scope="session")
+def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The tiny model's tokenizer trained on a small vocabulary, which makes more tokens of
+    the same text: the harder case for a prompt estimate's bound."""
+    from transformers import AutoTokenizer
+
+    from serving.models import tiny_tokenizer as tt
+
+    out = tmp_path_factory.mktemp("tok")
+    tt.save_tokenizer(tt.train_tokenizer(tt.read_corpus(), vocab_size=300), out, model_max_length=1)
+    return AutoTokenizer.from_pretrained(out)
 
 
 @pytest.fixture(scope="session")

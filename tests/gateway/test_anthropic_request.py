@@ -212,18 +212,6 @@ def test_the_upstream_body_has_the_admitted_max_tokens_and_nothing_of_chats() ->
 # --- the bound, against vLLM's conversion and the real template ---------------------------
 
 
-@pytest.fixture(scope="module")
-def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    from transformers import AutoTokenizer
-
-    from serving.models import tiny_tokenizer as tt
-
-    out = tmp_path_factory.mktemp("tok")
-    # A small vocabulary makes more tokens of the same text: the harder case for a bound.
-    tt.save_tokenizer(tt.train_tokenizer(tt.read_corpus(), vocab_size=300), out, model_max_length=1)
-    return AutoTokenizer.from_pretrained(out)
-
-
 texts = st.text(st.characters(codec="utf-8"), max_size=30)
 # Long enough that the template's fixed overheads do not hide a bound that is too low.
 long_texts = st.text(st.characters(codec="utf-8"), min_size=50, max_size=400)

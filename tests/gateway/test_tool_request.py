@@ -128,18 +128,6 @@ def test_a_schema_nested_past_any_encoder_is_a_400() -> None:
 # --- the prompt estimate with tools, against the real template -----------------------------
 
 
-@pytest.fixture(scope="module")
-def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    from transformers import AutoTokenizer
-
-    from serving.models import tiny_tokenizer as tt
-
-    out = tmp_path_factory.mktemp("tok")
-    # A small vocabulary makes more tokens of the same text: the harder case for a bound.
-    tt.save_tokenizer(tt.train_tokenizer(tt.read_corpus(), vocab_size=300), out, model_max_length=1)
-    return AutoTokenizer.from_pretrained(out)
-
-
 texts = st.text(st.characters(codec="utf-8"), max_size=40)
 schemas = st.fixed_dictionaries(
     {"type": st.just("object")},

@@ -1,12 +1,15 @@
-"""Every metered route fuzzed from vLLM's own OpenAPI schema (schemathesis), through the
-gateway with a limited key: no body gets a server error, and spend never passes the key's
-limits. A bounded number of examples per route keeps it within the suite's time."""
+"""Every route a key sends a body to (the metered ones, and Messages' count_tokens) fuzzed
+from vLLM's own OpenAPI schema (schemathesis), through the gateway with a limited key: no body
+gets a server error, every error is in its API's shape (both have `error.message`), and spend
+never passes the key's limits. A bounded number of examples per route keeps it within the
+suite's time."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import httpx
+import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 from schemathesis.core.result import Ok
@@ -14,40 +17,55 @@ from schemathesis.core.result import Ok
 from tests.integration.conftest import MODEL, Stack, eventually
 from tests.integration.test_gateway_quota import charged, create_key, idle
 
-METERED = sorted(["/v1/chat/completions", "/v1/completions", "/v1/responses"])
 DAY_BUDGET = 40_000
 EXAMPLES = 40
+# Per API: each route, and the body of an ordinary request to it (fuzzed bodies are mostly
+# refused, vLLM's schema allows far more than it accepts, so the key also spends on one
+# ordinary body per metered route: the budget check then covers served requests).
+HI = [{"role": "user", "content": "hi"}]
+ROUTES: dict[str, dict[str, dict[str, Any] | None]] = {
+    "openai": {
+        "/v1/chat/completions": {"messages": HI},
+        "/v1/completions": {"prompt": "hi"},
+        "/v1/responses": {"input": "hi"},
+    },
+    "anthropic": {
+        "/v1/messages": {"max_tokens": 8, "messages": HI},
+        "/v1/messages/count_tokens": None,  # free
+    },
+}
 
 
-def test_fuzzed_bodies_get_no_server_error_and_spend_stays_within_limits(stack: Stack) -> None:
+@pytest.mark.parametrize("api", sorted(ROUTES))
+def test_fuzzed_bodies_get_no_server_error_and_spend_stays_within_limits(
+    stack: Stack, api: str
+) -> None:
+    routes = ROUTES[api]
     spec = httpx.get(f"{stack.engine_url}/openapi.json", timeout=30).json()
-    schema = schemathesis.openapi.from_dict(spec).include(method="POST", path=METERED)
+    schema = schemathesis.openapi.from_dict(spec).include(method="POST", path=list(routes))
     key_id, secret = create_key(
-        stack, "fuzz", "--tokens-per-day", str(DAY_BUDGET), "--max-tokens", "8",
+        stack, f"fuzz-{api}", "--tokens-per-day", str(DAY_BUDGET), "--max-tokens", "8",
         "--max-concurrency", "2",
     )  # fmt: skip
-    headers = {"Authorization": f"Bearer {secret}"}
+    # Anthropic's clients send the key as x-api-key
+    headers = {"x-api-key": secret} if api == "anthropic" else {"Authorization": f"Bearer {secret}"}
     seen: dict[str, dict[int, int]] = {}
     results = list(schema.get_all_operations())
     operations = [result.ok() for result in results if isinstance(result, Ok)]
-    assert len(operations) == len(results) and sorted(op.path for op in operations) == METERED
+    assert len(operations) == len(results)
+    assert sorted(op.path for op in operations) == sorted(routes)
     for operation in operations:
         fuzz(stack, operation, headers, seen.setdefault(operation.path, {}))
-    # Fuzzed bodies are mostly refused (vLLM's schema allows far more than it accepts), so
-    # the key also spends on one ordinary body per route: the budget check below then
-    # covers served requests whatever the fuzzing produced.
-    ordinary: dict[str, dict[str, Any]] = {
-        "/v1/chat/completions": {"messages": [{"role": "user", "content": "hi"}]},
-        "/v1/completions": {"prompt": "hi"},
-        "/v1/responses": {"input": "hi"},
-    }
-    for path, fields in ordinary.items():
-        served = httpx.post(
-            stack.gateway_url + path, json={"model": MODEL, **fields}, headers=headers, timeout=120
-        )
-        assert served.status_code == 200, served.text
+    for path, fields in routes.items():
+        if fields is not None:
+            served = httpx.post(
+                stack.gateway_url + path, json={"model": MODEL, **fields}, headers=headers,
+                timeout=120,
+            )  # fmt: skip
+            assert served.status_code == 200, served.text
     eventually(lambda: idle(stack), budget_s=60)
     spent = charged(stack, key_id, "prompt") + charged(stack, key_id, "completion")
+    print(f"fuzzed {api}: {seen}, spent {spent}")
     assert 0 < spent <= DAY_BUDGET, (spent, seen)
 
 
