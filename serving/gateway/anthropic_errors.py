@@ -17,7 +17,12 @@ from __future__ import annotations
 
 import json
 
-from serving.gateway.errors import AuthenticationError, GatewayError, RateLimitError
+from serving.gateway.errors import (
+    AuthenticationError,
+    GatewayError,
+    RateLimitError,
+    upstream_error_object,
+)
 from serving.gateway.quota import RateLimitStatus, rate_limit_raw_headers
 from serving.gateway.quota.anthropic_headers import anthropic_rate_limit_headers
 from serving.gateway.types import RawHeaders
@@ -81,26 +86,11 @@ class AnthropicDialect:
         return [*rate_limit_raw_headers(status), *anthropic_rate_limit_headers(status)]
 
     def upstream_error(self, status: int, body: bytes) -> tuple[int, bytes] | None:
-        message = _upstream_message(body)
-        if message is None:
+        found = upstream_error_object(body)  # Anthropic's shape, OpenAI's or vLLM's flat one
+        if found is None:
             return None
         status = anthropic_status(status)
-        return status, error_body(status, message)
-
-
-def _upstream_message(body: bytes) -> str | None:
-    """The message of an engine's error body: Anthropic's shape, OpenAI's, or vLLM's flat
-    one; None for anything else."""
-    try:
-        data = json.loads(body)
-    except (ValueError, UnicodeDecodeError, RecursionError):
-        return None
-    if not isinstance(data, dict):
-        return None
-    inner = data.get("error")
-    source = inner if isinstance(inner, dict) else data if data.get("object") == "error" else {}
-    message = source.get("message")
-    return message if isinstance(message, str) else None
+        return status, error_body(status, found[0]["message"])
 
 
 ANTHROPIC = AnthropicDialect()

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import math
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import aiohttp
 
@@ -265,21 +265,34 @@ def map_upstream_exception(exc: Exception, *, retry_after_s: int) -> GatewayErro
     return UpstreamError(f"The model server failed ({type(exc).__name__}).")
 
 
-def openai_error_body(body: bytes) -> bytes | None:
-    """`body` if it is an OpenAI error (vLLM's flat legacy shape is re-nested), else None."""
+def upstream_error_object(body: bytes) -> tuple[dict[str, Any], bool] | None:
+    """An engine's error body's error object (with a string `message`), and whether it was
+    nested under `error` (OpenAI's and Anthropic's shape) rather than vLLM's flat legacy one;
+    None for any other body."""
     try:
         data = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
         return None
     if not isinstance(data, dict):
         return None
     inner = data.get("error")
     if isinstance(inner, dict) and isinstance(inner.get("message"), str):
-        return body
+        return inner, True
     if data.get("object") == "error" and isinstance(data.get("message"), str):
-        nested = {key: data.get(key) for key in ("message", "type", "param", "code")}
-        return json.dumps({"error": nested}, separators=(",", ":")).encode()
+        return data, False
     return None
+
+
+def openai_error_body(body: bytes) -> bytes | None:
+    """`body` if it is an OpenAI error (vLLM's flat legacy shape is re-nested), else None."""
+    found = upstream_error_object(body)
+    if found is None:
+        return None
+    error, nested = found
+    if nested:
+        return body
+    flat = {key: error.get(key) for key in ("message", "type", "param", "code")}
+    return json.dumps({"error": flat}, separators=(",", ":")).encode()
 
 
 def wrap_upstream_status(status: int, body: bytes) -> GatewayError:

@@ -11,13 +11,14 @@ import math
 import time
 
 from serving.gateway.quota.decision import RateLimitStatus
+from serving.gateway.quota.headers import Names, window_headers
 
-_NAMES = {
-    kind: tuple(
-        f"anthropic-ratelimit-{kind}-{part}".encode() for part in ("limit", "remaining", "reset")
-    )
+_NAMES: Names = {
+    kind: (f"anthropic-ratelimit-{kind}-limit".encode(),
+           f"anthropic-ratelimit-{kind}-remaining".encode(),
+           f"anthropic-ratelimit-{kind}-reset".encode())
     for kind in ("requests", "tokens")
-}
+}  # fmt: skip
 
 
 def rfc3339(epoch_s: float) -> bytes:
@@ -30,12 +31,5 @@ def anthropic_rate_limit_headers(
 ) -> list[tuple[bytes, bytes]]:
     """The headers for `status`, its resets counted from `now` (the wall clock's epoch
     seconds; default: now)."""
-    headers: list[tuple[bytes, bytes]] = []
     wall = time.time() if now is None else now
-    for kind, window in (("requests", status.requests), ("tokens", status.tokens)):
-        if window is not None:
-            limit, remaining, reset = _NAMES[kind]
-            headers.append((limit, b"%d" % window.limit))
-            headers.append((remaining, b"%d" % window.remaining))
-            headers.append((reset, rfc3339(wall + max(window.reset_after, 0.0))))
-    return headers
+    return window_headers(status, _NAMES, lambda after: rfc3339(wall + max(after, 0.0)))

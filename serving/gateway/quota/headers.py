@@ -7,6 +7,7 @@ OpenAI's (Go's) duration format.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from serving.gateway.quota.decision import RateLimitStatus
 
@@ -62,19 +63,31 @@ def rate_limit_headers(status: RateLimitStatus) -> dict[str, str]:
     return headers
 
 
-_RAW_NAMES = {
-    kind: tuple(f"x-ratelimit-{part}-{kind}".encode() for part in ("limit", "remaining", "reset"))
+Names = dict[str, tuple[bytes, bytes, bytes]]
+_RAW_NAMES: Names = {
+    kind: (f"x-ratelimit-limit-{kind}".encode(), f"x-ratelimit-remaining-{kind}".encode(),
+           f"x-ratelimit-reset-{kind}".encode())
     for kind in ("requests", "tokens")
-}
+}  # fmt: skip
 
 
 def rate_limit_raw_headers(status: RateLimitStatus) -> list[tuple[bytes, bytes]]:
     """`rate_limit_headers` as ASGI header pairs, built directly (once per request)."""
+    return window_headers(status, _RAW_NAMES, _reset_value)
+
+
+def window_headers(
+    status: RateLimitStatus,
+    names: Names,
+    reset: Callable[[float], bytes],
+) -> list[tuple[bytes, bytes]]:
+    """Each limited window's (limit, remaining, reset) header pairs, named by `names[kind]`
+    (kind "requests" or "tokens"), the reset written by `reset` from the seconds left."""
     headers: list[tuple[bytes, bytes]] = []
     for kind, window in (("requests", status.requests), ("tokens", status.tokens)):
         if window is not None:
-            limit, remaining, reset = _RAW_NAMES[kind]
+            limit, remaining, reset_name = names[kind]
             headers.append((limit, b"%d" % window.limit))
             headers.append((remaining, b"%d" % window.remaining))
-            headers.append((reset, _reset_value(window.reset_after)))
+            headers.append((reset_name, reset(window.reset_after)))
     return headers
