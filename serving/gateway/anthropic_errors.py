@@ -78,7 +78,7 @@ class AnthropicDialect:
 
     def error_headers(self, error: GatewayError) -> RawHeaders:
         headers = error.headers()
-        if isinstance(error, RateLimitError) and error.rate_limit is not None:
+        if isinstance(error, RateLimitError):
             headers.extend(anthropic_rate_limit_headers(error.rate_limit))
         return headers
 

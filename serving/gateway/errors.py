@@ -154,15 +154,13 @@ class RateLimitError(GatewayError):
         error_type: str,
         code: str,
         retry_after_s: float,
-        rate_limit_headers: RawHeaders,
-        rate_limit: RateLimitStatus | None = None,
+        rate_limit: RateLimitStatus,
     ) -> None:
         super().__init__(message, retry_after_s=retry_after_s)
         self.error_type = error_type
         self.error_code = code
-        self.rate_limit_headers = rate_limit_headers
         self.rate_limit = rate_limit
-        """The state the refusal was decided on (another API names its headers its way)."""
+        """The state the refusal was decided on (each API names its headers its way)."""
 
     def payload(self) -> dict[str, object]:
         return {
@@ -173,7 +171,7 @@ class RateLimitError(GatewayError):
         }
 
     def headers(self) -> RawHeaders:
-        return [*super().headers(), *self.rate_limit_headers]
+        return [*super().headers(), *rate_limit_raw_headers(self.rate_limit)]
 
 
 class QuotaUnavailableError(GatewayError):
@@ -320,7 +318,6 @@ def refusal_error(refusal: Refusal) -> RateLimitError:
         error_type=refusal.error_type,
         code=refusal.code,
         retry_after_s=wait,
-        rate_limit_headers=rate_limit_raw_headers(refusal.rate_limit),
         rate_limit=refusal.rate_limit,
     )
 
