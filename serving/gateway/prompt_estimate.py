@@ -4,7 +4,8 @@
     completion_prompt_estimates(prompt)       # /v1/completions: one per prompt
 
 "Never over a limit" depends on these being upper bounds: a byte-level BPE (Qwen's
-tokenizers) never makes more tokens than UTF-8 bytes, and the ChatML template adds at most
+tokenizers, after normalising to NFC) never makes more tokens than the UTF-8 bytes of the
+NFC form, and the ChatML template adds at most
 `PER_MESSAGE_TOKENS` per message plus `BASE_TOKENS` (the assistant prefix, an empty think
 block, a default system prompt) and `TOOLS_TOKENS` (the tool-use preamble) when tools are
 given. An image content part counts its image's tokens by the model's resize rule (`images`),
@@ -16,6 +17,7 @@ chat_template_kwargs it reads, response_format, tool_choice) are counted by thei
 from __future__ import annotations
 
 import json
+import unicodedata
 from typing import Any
 
 from serving.gateway.errors import InvalidRequestError
@@ -123,12 +125,15 @@ def completion_prompt_estimates(prompt: object) -> list[int]:
 
 
 def text_bytes(value: object) -> int:
-    """UTF-8 bytes of a string; of anything else, its JSON text (which holds every string)."""
+    """UTF-8 bytes of a string's NFC form; of anything else, of its JSON text (which holds
+    every string). Qwen's tokenizers normalise to NFC before the byte-level BPE, and NFC can
+    make a string up to three times its own bytes (U+FB2C: 3 -> 6)."""
     if value is None:
         return 0
-    if isinstance(value, str):
-        return len(value) if value.isascii() else len(value.encode("utf-8", "surrogatepass"))
-    return len(json.dumps(value, ensure_ascii=False).encode("utf-8", "surrogatepass"))
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    if text.isascii():  # NFC keeps ASCII as it is
+        return len(text)
+    return len(unicodedata.normalize("NFC", text).encode("utf-8", "surrogatepass"))
 
 
 def _invalid(param: str, message: str) -> InvalidRequestError:
