@@ -16,6 +16,9 @@ GATEWAY_METRICS_PORT ?= $(shell $(PYTHON) -c \
   'from serving.ports import GATEWAY_METRICS_PORT; print(GATEWAY_METRICS_PORT)')
 # vLLM engines `make up` runs, the gateway routing over them: `make up REPLICAS=2`.
 REPLICAS ?= 1
+# Pooling profiles served beside PROFILE's chat model, each on engines of its own behind the
+# same gateway: `make up POOLING="cpu-tiny-embedding cpu-tiny-reranker"` (none by default).
+POOLING ?=
 # `make monitor`'s Prometheus (http://127.0.0.1:$(PROM_PORT)); its default is
 # monitoring/prometheus/__init__.py's, read the same way.
 PROM_PORT ?= $(shell $(PYTHON) -c \
@@ -78,7 +81,8 @@ k8s-check: $(STAMP) $(K8S_STAMP)
 	$(BIN)/python -m pytest -q tests/k8s tests/monitoring/test_kubernetes.py
 
 up: $(STAMP)
-	$(BIN)/serving up --profile $(PROFILE) --port $(PORT) --engine-port $(ENGINE_PORT) \
+	$(BIN)/serving up --profile $(PROFILE) $(foreach p,$(POOLING),--profile $(p)) \
+	  --port $(PORT) --engine-port $(ENGINE_PORT) \
 	  --gateway-metrics-port $(GATEWAY_METRICS_PORT) --replicas $(REPLICAS)
 
 # Debian's Prometheus with monitoring/prometheus/ (scrape config, rules, alerts), scraping the

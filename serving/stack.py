@@ -7,6 +7,10 @@ stops the gateway first, so no new request reaches an engine that is going away.
 (engine port + 2i, its launcher metrics on the next one), and the gateway routes over all of
 them (`--routing`): the scale-out topology on one machine, for trying it out.
 
+`--profile` repeats: `--profile cpu-tiny --profile cpu-tiny-embedding` runs a chat engine and
+a pooling engine (embeddings) behind the one gateway, which sends each request to the engines
+serving its model; the first profile's engines take the first ports (`serving.stack_engines`).
+
 The gateway serves every series, each key's spend too, on a metrics port of its own
 (`--gateway-metrics-port`, `serving.ports.GATEWAY_METRICS_PORT` by default), the one
 `make monitor`'s Prometheus scrapes; its API port's /metrics has the aggregate series only.
@@ -41,19 +45,35 @@ from serving.errors import ServingError
 from serving.gateway.settings import API_KEY_ENV, GatewaySettings, flag_name, split_dev_keys
 from serving.paths import dev_api_key_path, keys_db_path, logs_dir
 from serving.ports import GATEWAY_METRICS_PORT, GATEWAY_PORT
+from serving.stack_engines import (
+    MAX_ENGINES,
+    StackEngine,
+    chat_profile,
+    gateway_stack_settings,
+    stack_engines,
+)
+from serving.stack_engines import gateway_engine_settings as gateway_engine_settings
 
 if TYPE_CHECKING:
     from serving.engine.launcher_metrics import LauncherMetrics
     from serving.profiles.model import Profile
 
 DEV_KEY_ENV = API_KEY_ENV
+DEFAULT_PROFILE = "cpu-tiny"
 # The gateway drains its streams for up to --graceful-timeout after SIGTERM; it is killed only
 # if it is still there well after that.
 GATEWAY_STOP_S = GatewaySettings.model_fields["graceful_shutdown_s"].default + 10.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--profile", default="cpu-tiny", help="profile name or YAML path")
+    parser.add_argument(
+        "--profile",
+        action="append",
+        default=None,
+        metavar="PROFILE",
+        help=f"profile name or YAML path; repeat it to serve more models, each on engines of "
+        f"its own, the first profile's first (default: {DEFAULT_PROFILE})",
+    )
     parser.add_argument("--host", default="127.0.0.1", help="address the gateway binds")
     parser.add_argument("--port", type=int, default=GATEWAY_PORT, help="gateway port")
     parser.add_argument(
@@ -76,7 +96,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=_replica_count,
         default=1,
         metavar="N",
-        help="vLLM engines to run, the gateway routing over them (default: %(default)s)",
+        help="vLLM engines to run of each profile, the gateway routing over them "
+        "(default: %(default)s)",
     )
     parser.add_argument(
         "--routing",
@@ -101,8 +122,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _replica_count(text: str) -> int:
-    if not text.isdigit() or not 1 <= int(text) <= 16:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of engines from 1 to 16")
+    if not text.isdigit() or not 1 <= int(text) <= MAX_ENGINES:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a number of engines from 1 to {MAX_ENGINES}"
+        )
     return int(text)
 
 
@@ -182,19 +205,19 @@ def banner(
     engines: int = 1,
     *,
     metrics_url: str,
+    pooling: tuple[str, ...] = (),
 ) -> str:
+    """What `serving up` prints once serving: `model` is the chat model ("" when every
+    profile pools), `pooling` the pooling models."""
     load_line = f"\nModel load: {load.describe()}." if load is not None else ""
     launcher_line = f"\n  engine launcher metrics: {launcher_metrics}" if launcher_metrics else ""
     what = "vLLM" if engines == 1 else f"{engines} vLLM engines (the gateway routes over them)"
-    return f"""
-Serving {model} (profile {profile}); {what} became healthy in {engine_seconds:.1f}s.{load_line}
-
-  API:      {url}/v1
-  API key:  {api_key}
-  metrics:  {metrics_url}/metrics (per key; the API port's /metrics: totals only)
-  health:   {url}/healthz  {url}/readyz{launcher_line}
-  playground (chat in the browser): {url}/playground
-
+    served = ", ".join(name for name in (model, *pooling) if name)
+    pooling_line = (
+        f"\n  pooling models (embeddings, scores): {', '.join(pooling)}" if pooling else ""
+    )
+    try_it = (
+        f"""
 Try it:
   python - <<'PY'
   from openai import OpenAI
@@ -204,8 +227,20 @@ Try it:
       max_tokens=32)
   print(reply.choices[0].message.content)
   PY
+"""
+        if model
+        else ""
+    )
+    return f"""
+Serving {served} (profile {profile}); {what} became healthy in {engine_seconds:.1f}s.{load_line}
 
-Ctrl-C stops the gateway and the engine.
+  API:      {url}/v1
+  API key:  {api_key}
+  metrics:  {metrics_url}/metrics (per key; the API port's /metrics: totals only)
+  health:   {url}/healthz  {url}/readyz{launcher_line}{pooling_line}
+  playground (chat in the browser): {url}/playground
+{try_it}
+Ctrl-C stops the gateway and the engines.
 """
 
 
@@ -213,7 +248,7 @@ def run(args: argparse.Namespace) -> int:
     from serving.engine.launch import build_supervisor, serve_launcher_metrics
     from serving.profiles import load_profile
 
-    profile = load_profile(args.profile)
+    profiles = [load_profile(name) for name in args.profile or [DEFAULT_PROFILE]]
     api_key = dev_api_key()
     launcher_metrics: list[LauncherMetrics] = []
 
@@ -222,36 +257,41 @@ def run(args: argparse.Namespace) -> int:
             metrics.record_stop_signal(name)
 
     install_stop_handlers(record_stop_signal)
-    ports = [args.engine_port + 2 * replica for replica in range(args.replicas)]
+    launcher_port = metrics_port(args, args.engine_port)
+    engines = stack_engines(
+        profiles,
+        replicas=args.replicas,
+        engine_port=args.engine_port,
+        launcher_port=launcher_port,
+    )
     supervisors = [
         build_supervisor(
-            profile,
+            engine.profile,
             host="127.0.0.1",
-            port=port,
-            log_file=None if len(ports) == 1 else str(engine_log(profile.name, replica)),
+            port=engine.port,
+            log_file=None if len(engines) == 1 else str(engine_log(engine)),
         )
-        for replica, port in enumerate(ports)
+        for engine in engines
     ]
-    launcher_port = metrics_port(args, args.engine_port)
-    launchers = [launcher_port + 2 * replica for replica in range(args.replicas)]
-    check_gateway_metrics_port(
-        args.gateway_metrics_port, args.port, ports, launchers if launcher_port else []
-    )
+    ports = [engine.port for engine in engines]
+    launchers = [engine.launcher_port for engine in engines if engine.launcher_port]
+    check_gateway_metrics_port(args.gateway_metrics_port, args.port, ports, launchers)
     gateway_ports = {args.port: "the gateway's (--port)"}
     gateway_ports[args.gateway_metrics_port] = "the gateway metrics' (--gateway-metrics-port)"
     refuse_taken(gateway_ports, host=args.host)
     refuse_taken(
         {port: "an engine's (--engine-port + 2i)" for port in ports}
-        | {port: "an engine launcher's (--metrics-port)" for port in launchers if launcher_port}
+        | {port: "an engine launcher's (--metrics-port)" for port in launchers}
     )
     launcher_urls: list[str] = []
-    if launcher_port:
-        for replica, supervisor in enumerate(supervisors):
-            port = launcher_port + 2 * replica
+    for engine, supervisor in zip(engines, supervisors, strict=True):
+        if engine.launcher_port:
             launcher_metrics.append(
-                serve_launcher_metrics(supervisor, profile, host="127.0.0.1", port=port)
+                serve_launcher_metrics(
+                    supervisor, engine.profile, host="127.0.0.1", port=engine.launcher_port
+                )
             )
-            launcher_urls.append(f"http://127.0.0.1:{port}/metrics")
+            launcher_urls.append(f"http://127.0.0.1:{engine.launcher_port}/metrics")
     gateway: subprocess.Popen[bytes] | None = None
     watch_error: list[BaseException] = []
 
@@ -265,9 +305,9 @@ def run(args: argparse.Namespace) -> int:
         for supervisor in supervisors:  # the engines load side by side
             supervisor.launch()
         engine_seconds = max(supervisor.wait_started() for supervisor in supervisors)
-        upstream = ",".join(f"http://127.0.0.1:{port}" for port in ports)
+        chat = chat_profile(profiles)
         gateway = start_gateway(
-            upstream,
+            ",".join(engine.url for engine in engines),
             args.host,
             args.port,
             api_key,
@@ -275,22 +315,25 @@ def run(args: argparse.Namespace) -> int:
             routing=args.routing,
             settings={
                 "metrics_port": args.gateway_metrics_port,
-                **gateway_image_settings(profile),
-                **gateway_engine_settings(profile, args.scheduling),
+                **gateway_image_settings(chat),
+                **gateway_stack_settings(
+                    profiles, replicas=args.replicas, scheduling=args.scheduling
+                ),
             },
         )
         first = supervisors[0].current
         print(
             banner(
                 f"http://{args.host}:{args.port}",
-                profile.served_model_name,
+                chat.served_model_name if chat.runner == "generate" else "",
                 api_key,
                 engine_seconds,
-                profile.name,
+                ", ".join(profile.name for profile in profiles),
                 first.load_stats if first else None,
                 " ".join(launcher_urls) or None,
                 engines=len(supervisors),
                 metrics_url=f"http://{args.host}:{args.gateway_metrics_port}",
+                pooling=tuple(p.served_model_name for p in profiles if p.runner == "pooling"),
             ),
             flush=True,
         )
@@ -338,18 +381,6 @@ def check_gateway_metrics_port(
         )
 
 
-def gateway_engine_settings(profile: Profile, scheduling: str) -> dict[str, int | str]:
-    """What the gateway must know of the engine it fronts: its sequences (the fair queue's
-    slots), the queue policy, whether vLLM orders by priority (then the keys' classes are
-    sent as each request's `priority`), and the tokens per stream event to ask for."""
-    return {
-        "engine_slots": profile.max_num_seqs,
-        "scheduling": scheduling,
-        "engine_priority": str(profile.scheduling_policy == "priority").lower(),
-        "stream_interval": profile.stream_interval,
-    }
-
-
 def gateway_image_settings(profile: Profile) -> dict[str, int]:
     """The served model's image rule and the profile's images per prompt, for the gateway's
     image token estimate (`gateway.model_images`)."""
@@ -368,9 +399,9 @@ def gateway_image_settings(profile: Profile) -> dict[str, int]:
     return image_settings(model_dir, limit=limit)
 
 
-def engine_log(profile: str, replica: int) -> Path:
-    """Replica `replica`'s vLLM log when `serving up` runs several."""
-    return logs_dir() / f"engine-{profile}-{replica}.log"
+def engine_log(engine: StackEngine) -> Path:
+    """An engine's vLLM log when `serving up` runs several."""
+    return logs_dir() / f"engine-{engine.profile.name}-{engine.replica}.log"
 
 
 __all__ = ["add_arguments", "dev_api_key", "run"]

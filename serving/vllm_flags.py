@@ -75,6 +75,11 @@ ENGINE_FLAGS: dict[str, str] = {
     "max_lora_rank": "--max-lora-rank",
     "max_cpu_loras": "--max-cpu-loras",
     "language_model_only": "--language-model-only",  # the planner's; no profile sets it
+    "runner": "--runner",
+    "convert": "--convert",
+    "pooler_config": "--pooler-config",
+    "hf_overrides": "--hf-overrides",
+    "chat_template": "--chat-template",
 }
 
 
@@ -121,11 +126,13 @@ def engine_args(
     host: str,
     port: int,
     adapter_paths: Mapping[str, str] | None = None,
+    inline_templates: bool = False,
 ) -> list[str]:
     """The server arguments (everything after the program name) for one profile.
 
     `adapter_paths`: each LoRA adapter's name -> what vLLM loads (a built-in adapter's
-    directory, once built); an adapter not in it is passed as its profile writes it."""
+    directory, once built); an adapter not in it is passed as its profile writes it.
+    `inline_templates`: a chat template as its text, not its file (an engine elsewhere)."""
     args = [
         *_option("model", model_path),
         *_option("served_model_name", profile.served_model_name),
@@ -167,6 +174,32 @@ def engine_args(
         args += _option("limit_mm_per_prompt", limits)
     args += _tool_and_reasoning_args(profile)
     args += _lora_args(profile, adapter_paths or {})
+    args += _pooling_args(profile, inline_templates=inline_templates)
+    return args
+
+
+def _compact(value: object) -> str:
+    return json.dumps(value, separators=(",", ":"), sort_keys=True)
+
+
+def _pooling_args(profile: Profile, *, inline_templates: bool) -> list[str]:
+    """The pooling runner and how it pools; config overrides; the prompt template."""
+    from serving.profiles.pooling import template_argument
+
+    args: list[str] = []
+    if profile.runner != "generate":  # only then: generating command lines stay as they were
+        args += _option("runner", profile.runner)
+    if profile.convert is not None:
+        args += _option("convert", profile.convert)
+    if profile.pooler_config is not None:
+        args += _option(
+            "pooler_config", _compact(profile.pooler_config.model_dump(exclude_none=True))
+        )
+    if profile.hf_overrides:
+        args += _option("hf_overrides", _compact(profile.hf_overrides))
+    if profile.chat_template is not None:
+        template = template_argument(profile.chat_template, inline=inline_templates)
+        args += _option("chat_template", template)
     return args
 
 

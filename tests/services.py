@@ -35,6 +35,7 @@ FIXTURES: Final[dict[str, Service]] = {
     "topology": "redis",  # tests/integration/replicas: three gateways on one Redis
     "promtool": "prometheus",
     "stack": "engine",
+    "pooling_stack": "engine",
     "dns_server": "dns",
 }
 

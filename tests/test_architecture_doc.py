@@ -204,7 +204,9 @@ def test_each_metered_route_runs_the_steps_the_page_lists_in_its_order() -> None
     from serving.gateway.route_table import ROUTES
 
     metered = [route for route in ROUTES.routes() if route.metered is not None]
-    assert {route.metered for route in metered} == {"chat", "completion", "responses", "messages"}
+    assert {route.metered for route in metered} == {
+        "chat", "completion", "responses", "messages", "embeddings", "score", "rerank",
+    }  # fmt: skip
     assert called_names(GatewayApp._api).count("handle") == 1
     # The page's steps, by their function's name, in the order it writes them.
     listed: list[str] = []

@@ -49,6 +49,9 @@ GPU = NotRun("needs GPUs (a shipped GPU profile); its flags are checked by vLLM'
 CLUSTER = NotRun("needs a Kubernetes cluster; the manifests are validated offline (make k8s-check)")
 REGISTRY = NotRun("needs a container registry or a Helm repository this machine cannot reach")
 SERVER = NotRun("a server in the foreground until Ctrl-C; the same code runs in tests")
+# Make's part is run (`make -n`, parsed by `serving up`'s parser); the stack it starts is
+# `serving up` with several profiles, which the pooling_stack fixture runs.
+MAKE_UP_POOLING = Runs("tests/test_stack.py", "POOLING=cpu-tiny-embedding cpu-tiny-reranker")
 HEREDOC = NotRun(
     "a reader's script against `make up`; the same calls run in tests/integration (see the page)"
 )
@@ -191,6 +194,20 @@ COMMANDS: dict[str, dict[str, Verdict]] = {
         "--max-model-len 32768 --gpu-memory-utilization 0.7 --json": Runs(
             "tests/planner/test_command.py", '"--model", "Qwen2.5-7B-Instruct"'
         ),
+        ".venv/bin/serving plan --profile qwen3-coder-30b-a3b-h100": Runs(
+            "tests/planner/test_profile_plan.py", "qwen3-coder-30b-a3b-h100"
+        ),
+        ".venv/bin/serving plan --model Qwen/Qwen3-Reranker-8B --gpu l40s --max-model-len 8192 "
+        "--runner pooling": Runs("tests/planner/test_command.py", '"Qwen/Qwen3-Reranker-8B"'),
+    },
+    "docs/anthropic.md": {
+        ".venv/bin/serving plan --profile qwen3-coder-30b-a3b-h100": Runs(
+            "tests/planner/test_profile_plan.py", "qwen3-coder-30b-a3b-h100"
+        ),
+        ".venv/bin/serving up --profile qwen3-coder-30b-a3b-h100": GPU,
+    },
+    "docs/retrieval.md": {
+        'make up POOLING="cpu-tiny-embedding cpu-tiny-reranker"': MAKE_UP_POOLING,
     },
     "docs/profiles.md": {
         "python -m venv .venv && .venv/bin/pip install -e '.[gpu,dev]'": NotRun(
@@ -215,6 +232,18 @@ COMMANDS: dict[str, dict[str, Verdict]] = {
         "[--seq-len 256]": NotRun("needs a real Qwen checkpoint, which nothing downloads here"),
         ".venv/bin/serving up --profile cpu-tiny-awq": Runs(
             "tests/integration/test_awq.py", '"cpu-tiny-awq"'
+        ),
+        ".venv/bin/serving plan --profile qwen3-embedding-8b-l40s": Runs(
+            "tests/planner/test_command.py", '"qwen3-embedding-8b-l40s"'
+        ),
+        'make up POOLING="cpu-tiny-embedding cpu-tiny-reranker"': MAKE_UP_POOLING,
+        ".venv/bin/serving up --profile cpu-tiny --profile cpu-tiny-embedding --profile "
+        "cpu-tiny-reranker": SERVER,
+        ".venv/bin/serving model tiny-embedding": Runs(
+            "tests/engine/test_model_command.py", '"tiny-embedding"'
+        ),
+        ".venv/bin/serving model tiny-reranker": Runs(
+            "tests/engine/test_model_command.py", '"tiny-reranker"'
         ),
     },
     "docs/scale-out.md": {

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -16,7 +18,9 @@ from serving.ports import ENGINE_PORT, GATEWAY_METRICS_PORT, GATEWAY_PORT
 from serving.profiles import load_profile
 from serving.profiles.model import Profile
 from serving.stack import (
+    DEFAULT_PROFILE,
     add_arguments,
+    banner,
     check_gateway_metrics_port,
     gateway_engine_settings,
     gateway_image_settings,
@@ -104,3 +108,42 @@ def test_a_gateway_metrics_port_another_server_takes_is_refused_before_any_start
 ) -> None:
     with pytest.raises(ServingError, match=f"--gateway-metrics-port {port}.*{taken}"):
         check_gateway_metrics_port(port, GATEWAY_PORT, *stack_ports(4))
+
+
+def test_profile_repeats_and_defaults_to_the_chat_model() -> None:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert parser.parse_args([]).profile is None  # run() serves DEFAULT_PROFILE
+    chosen = parser.parse_args(["--profile", "cpu-tiny", "--profile", "cpu-tiny-embedding"])
+    assert chosen.profile == ["cpu-tiny", "cpu-tiny-embedding"]
+    assert DEFAULT_PROFILE == "cpu-tiny"
+
+
+def test_make_up_serves_the_pooling_profiles_beside_the_chat_model() -> None:
+    """The Makefile's `up` recipe, printed by `make -n` as make would run it, parses into
+    the chat profile followed by every POOLING profile."""
+    printed = subprocess.run(
+        ["make", "-n", "up", 'POOLING=cpu-tiny-embedding cpu-tiny-reranker', "PORT=1",
+         "ENGINE_PORT=2", "GATEWAY_METRICS_PORT=3"],
+        cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, check=True,
+    ).stdout.replace("\\\n", " ")  # fmt: skip
+    line = next(line for line in printed.splitlines() if " up --profile" in line)
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(shlex.split(line.split(" up ", 1)[1]))
+    assert args.profile == ["cpu-tiny", "cpu-tiny-embedding", "cpu-tiny-reranker"]
+    assert (args.port, args.engine_port, args.gateway_metrics_port) == (1, 2, 3)
+
+
+def test_the_banner_shows_a_chat_example_only_when_a_model_chats() -> None:
+    def shown(model: str, pooling: tuple[str, ...]) -> str:
+        return banner("http://g", model, "k", 1.0, "p", metrics_url="http://m", pooling=pooling)
+
+    both = shown("qwen3-tiny", ("qwen3-tiny-embedding",))
+    assert "Serving qwen3-tiny, qwen3-tiny-embedding (profile p)" in both
+    assert "pooling models (embeddings, scores): qwen3-tiny-embedding" in both
+    assert 'model="qwen3-tiny"' in both
+    pooling_only = shown("", ("qwen3-tiny-embedding",))
+    assert "Serving qwen3-tiny-embedding (profile p)" in pooling_only
+    assert "chat.completions" not in pooling_only
+    assert "pooling models" not in shown("qwen3-tiny", ())

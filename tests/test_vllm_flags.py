@@ -173,10 +173,12 @@ def test_profile_tool_and_reasoning_settings_reach_vllm(profile: Profile) -> Non
 
 
 # What each model family writes (the format its chat template teaches): Qwen2.5 and Qwen3 JSON
-# tool calls in <tool_call> (hermes), Qwen3.5 XML ones (qwen3_coder); Qwen3 and Qwen3.5 think.
+# tool calls in <tool_call> (hermes), Qwen3-Coder and Qwen3.5 XML ones (qwen3_coder); Qwen3 and
+# Qwen3.5 think, Qwen3-Coder-Instruct does not. The longest matching prefix names the family.
 FAMILY_PARSERS = {
     "Qwen/Qwen2.5-": ("hermes", None),
     "Qwen/Qwen3-": ("hermes", "qwen3"),
+    "Qwen/Qwen3-Coder-": ("qwen3_coder", None),
     "Qwen/Qwen3.5-": ("qwen3_coder", "qwen3"),
     "QuantTrio/Qwen3.5-": ("qwen3_coder", "qwen3"),
 }
@@ -187,14 +189,18 @@ TINY_TEXT_MODELS = ("builtin:qwen3-tiny", "builtin:qwen3-tiny-awq")
 def family_parsers(model: str) -> tuple[str, str | None]:
     if model in TINY_TEXT_MODELS:
         return ("hermes", "qwen3")
-    found = [parsers for prefix, parsers in FAMILY_PARSERS.items() if model.startswith(prefix)]
-    assert len(found) == 1, f"{model}: add its family to FAMILY_PARSERS"
-    return found[0]
+    found = [prefix for prefix in FAMILY_PARSERS if model.startswith(prefix)]
+    assert found, f"{model}: add its family to FAMILY_PARSERS"
+    return FAMILY_PARSERS[max(found, key=len)]
 
 
 @pytest.mark.parametrize(
     "profile",
-    [p for p in load_all_profiles() if p.builtin_model is None or p.model in TINY_TEXT_MODELS],
+    [
+        p
+        for p in load_all_profiles()
+        if p.runner == "generate" and (p.builtin_model is None or p.model in TINY_TEXT_MODELS)
+    ],
     ids=lambda p: p.name,
 )
 def test_every_qwen_profile_parses_its_familys_tool_calls_and_thinking(profile: Profile) -> None:
@@ -268,7 +274,8 @@ def test_every_engine_flag_is_one_vllms_server_takes() -> None:
     )
     args = [*engine_args(profile, "m", host="127.0.0.1", port=8001)]
     args.append(engine_flag("language_model_only"))
-    assert set(ENGINE_FLAGS.values()) <= set(args), "a flag in the table is never rendered here"
+    generating = set(ENGINE_FLAGS.values()) - {engine_flag(name) for name in POOLING_FIELDS}
+    assert generating <= set(args), "a flag in the table is never rendered here"
     namespace = parse_with_vllm(args)
     expected = {**profile.model_dump(), "model": "m", "language_model_only": True}
     expected.update(host="127.0.0.1", port=8001, kv_offloading_size=2.0)
@@ -278,7 +285,7 @@ def test_every_engine_flag_is_one_vllms_server_takes() -> None:
     from vllm.entrypoints.openai.models.protocol import LoRAModulePath
 
     expected["lora_modules"] = [LoRAModulePath("a", "/lora/a"), LoRAModulePath("b", "/lora/b,c")]
-    for name in ENGINE_FLAGS:
+    for name in ENGINE_FLAGS.keys() - POOLING_FIELDS:
         dest = {
             "kv_offloading_size_gib": "kv_offloading_size",
             "structured_outputs": "structured_outputs_config",
@@ -287,6 +294,46 @@ def test_every_engine_flag_is_one_vllms_server_takes() -> None:
         if dest == "structured_outputs_config":  # vLLM's config object: compare our fields
             value = {key: getattr(value, key) for key in expected[dest]}
         assert value == expected[dest], name
+
+
+# The fields only a pooling profile renders (test_pooling_flags_reach_vllms_engine_args).
+POOLING_FIELDS = frozenset({"runner", "convert", "pooler_config", "hf_overrides", "chat_template"})
+
+
+def test_pooling_flags_reach_vllms_engine_args() -> None:
+    overrides = {"architectures": ["Qwen3ForSequenceClassification"], "is_original": True}
+    profile = load_profile("cpu-tiny-embedding").model_copy(
+        update={"hf_overrides": overrides, "chat_template": "builtin:qwen3-reranker"}
+    )
+    args = engine_args(profile, "m", host="127.0.0.1", port=8001)
+    assert {engine_flag(name) for name in POOLING_FIELDS} <= set(args)
+    namespace = parse_with_vllm(args)
+    built = engine_args_from(namespace)
+    assert (built.runner, built.convert) == ("pooling", "embed")
+    assert built.hf_overrides == overrides
+    assert built.pooler_config.seq_pooling_type == "LAST"
+    assert built.pooler_config.use_activation is True
+    template = Path(namespace.chat_template)  # the server's own argument, not the engine's
+    assert template.is_file() and template.name == "qwen3-reranker.jinja"
+
+
+def test_an_inlined_template_is_the_one_vllm_loads_from_the_file() -> None:
+    """For an engine elsewhere (a pod) the template goes as its text, which vLLM's loader
+    takes as the template itself: the same one it reads from the shipped file here."""
+    from vllm.renderers.chat_utils import load_chat_template
+
+    profile = load_profile("cpu-tiny-reranker")
+    here = parse_with_vllm(engine_args(profile, "m", host="127.0.0.1", port=8001))
+    elsewhere = engine_args(profile, "m", host="127.0.0.1", port=8001, inline_templates=True)
+    inlined = parse_with_vllm(elsewhere).chat_template
+    assert inlined.startswith("<|im_start|>system\n") and "<Document>" in inlined
+    assert load_chat_template(inlined) == load_chat_template(here.chat_template) == inlined
+
+
+def test_a_generating_profile_renders_no_pooling_flag() -> None:
+    args = engine_args(load_profile("cpu-tiny"), "m", host="127.0.0.1", port=8001)
+    assert not {engine_flag(name) for name in POOLING_FIELDS} & set(args)
+    assert engine_args_from(parse_with_vllm(args)).runner == "auto"
 
 
 def test_bench_args_are_what_vllm_bench_serve_parses() -> None:

@@ -5,6 +5,9 @@ Qwen3 model and prints its directory on stdout, so `$(serving model tiny)` works
 `serving model tiny-vl [--out DIR] [--force]` does the same for the tiny Qwen2.5-VL model.
 `serving model tiny-lora [--out DIR] [--force]` builds the tiny model's LoRA adapter (PEFT
 layout; the profile cpu-tiny-lora serves it as team-a) and prints its directory.
+`serving model tiny-embedding` and `serving model tiny-reranker` (`[--out DIR] [--force]`)
+write the tiny model in Qwen3-Embedding's and Qwen3-Reranker's forms (the profiles
+cpu-tiny-embedding and cpu-tiny-reranker serve them) and print their directories.
 `serving model awq [--model DIR] [--out DIR] [--group-size 128] [--calibration FILE ...]`
 quantizes a Qwen2/Qwen3 checkpoint to AWQ 4-bit (the tiny model when --model is not given)
 and prints the output directory.
@@ -81,6 +84,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     tiny_lora.add_argument("--force", action="store_true", help="rebuild even if a build is cached")
     tiny_lora.set_defaults(_model_run=_run_tiny_lora)
+    for kind, form, run in (
+        ("tiny-embedding", "Qwen3-Embedding", _run_tiny_embedding),
+        ("tiny-reranker", "Qwen3-Reranker", _run_tiny_reranker),
+    ):
+        pooling = kinds.add_parser(
+            kind,
+            help=f"write the tiny Qwen3 model in {form}'s form (a pooling model; cached)",
+            description=(
+                f"Write the tiny Qwen3 model (built first if needed) as {form} lays out its "
+                "files, deterministically, for vLLM's pooling runner. A build with the same "
+                "inputs is reused."
+            ),
+        )
+        pooling.add_argument(
+            "--out",
+            type=Path,
+            default=None,
+            metavar="DIR",
+            help=f"directory to build into (default: $SERVING_HOME/models/qwen3-{kind})",
+        )
+        pooling.add_argument("--force", action="store_true", help="rebuild even if cached")
+        pooling.set_defaults(_model_run=run)
     awq = kinds.add_parser(
         "awq",
         help="quantize a Qwen2/Qwen3 checkpoint to AWQ 4-bit (cached)",
@@ -152,6 +177,20 @@ def _run_tiny_lora(args: argparse.Namespace) -> int:
     from serving.models.tiny_lora import ensure_tiny_lora
 
     print(ensure_tiny_lora(args.out, force=args.force))
+    return 0
+
+
+def _run_tiny_embedding(args: argparse.Namespace) -> int:
+    from serving.models.tiny_embedding import ensure_tiny_embedding
+
+    print(ensure_tiny_embedding(args.out, force=args.force))
+    return 0
+
+
+def _run_tiny_reranker(args: argparse.Namespace) -> int:
+    from serving.models.tiny_reranker import ensure_tiny_reranker
+
+    print(ensure_tiny_reranker(args.out, force=args.force))
     return 0
 
 

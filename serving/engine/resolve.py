@@ -10,8 +10,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from serving.errors import ServingError
+from serving.models.tiny_embedding import MODEL_NAME as TINY_EMBEDDING
 from serving.models.tiny_lora import ADAPTER_NAME as TINY_LORA
 from serving.models.tiny_model import MODEL_NAME as TINY_MODEL
+from serving.models.tiny_reranker import MODEL_NAME as TINY_RERANKER
 from serving.models.tiny_vl_model import MODEL_NAME as TINY_VL_MODEL
 from serving.profiles.model import Profile
 from serving.quantize.awq_build import TINY_AWQ_NAME
@@ -29,6 +31,18 @@ def _tiny_awq() -> Path:
     return ensure_tiny_awq_model()
 
 
+def _tiny_embedding() -> Path:
+    from serving.models.tiny_embedding import ensure_tiny_embedding
+
+    return ensure_tiny_embedding()
+
+
+def _tiny_reranker() -> Path:
+    from serving.models.tiny_reranker import ensure_tiny_reranker
+
+    return ensure_tiny_reranker()
+
+
 def _tiny_vl() -> Path:
     from serving.models.tiny_vl_model import ensure_tiny_vl_model
 
@@ -40,6 +54,8 @@ BUILTIN_MODELS: dict[str, Callable[[], Path]] = {
     TINY_MODEL: _tiny,
     TINY_AWQ_NAME: _tiny_awq,
     TINY_VL_MODEL: _tiny_vl,
+    TINY_EMBEDDING: _tiny_embedding,
+    TINY_RERANKER: _tiny_reranker,
 }
 
 

@@ -252,6 +252,7 @@ def assemble(
         retry_after_s=settings.retry_after_s,
         engine_priority=settings.engine_priority,
         stream_interval=settings.stream_interval,
+        max_pooling_inputs=settings.max_pooling_inputs,
     )
     health = HealthMonitor(router, catalog, metrics, interval_s=settings.health_interval_s)
 

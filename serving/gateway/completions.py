@@ -1,7 +1,7 @@
 """The request logic of the metered routes (chat completions, completions, Responses,
-Anthropic Messages), top to bottom: parse, admit, check, wait for a slot, forward, settle
-(docs/architecture.md, the request path; what each ending is charged: docs/gateway.md,
-charging rules).
+Anthropic Messages, and the pooling routes: embeddings, score, rerank), top to bottom:
+parse, admit, check, wait for a slot, forward, settle (docs/architecture.md, the request
+path; what each ending is charged: docs/gateway.md, charging rules).
 
     await completions.handle("chat", caller, request, receive, send, record)
 
@@ -40,6 +40,7 @@ from serving.gateway.openai_request import (
 from serving.gateway.proxy import Proxy, ProxyOutcome, ProxyRequest
 from serving.gateway.quota import Admission, Lease, QuotaEngine, Refusal
 from serving.gateway.quota.engine import BeyondContext
+from serving.gateway.request_fields import POOLING
 from serving.gateway.routing import Engine, prefix_hashes, prompt_text
 from serving.gateway.types import Receive, Send
 from serving.gateway.usage import ResponseMeter
@@ -101,6 +102,7 @@ class Completions:
         retry_after_s: int,
         engine_priority: bool = False,
         stream_interval: int,
+        max_pooling_inputs: int | None = None,
     ) -> None:
         self._quota = quota
         self._proxy = proxy
@@ -110,6 +112,7 @@ class Completions:
         self._retry_after_s = retry_after_s
         self._engine_priority = engine_priority
         self._stream_interval = stream_interval
+        self._max_pooling_inputs = max_pooling_inputs
         self._leases_running: set[Lease] = set()
 
     async def handle(
@@ -121,7 +124,9 @@ class Completions:
         send: Send,
         record: RequestRecord,
     ) -> None:
-        parsed = parse_completion_request(kind, request.body, images=self.images)
+        parsed = parse_completion_request(
+            kind, request.body, images=self.images, max_inputs=self._max_pooling_inputs
+        )
         model = served_model(caller, parsed.model, self._catalog, retry_after_s=self._retry_after_s)
         record.model = self._catalog.label(model)
         if not caller.allows_model(model):
@@ -176,7 +181,8 @@ class Completions:
         admission: Admission,
         receive: Receive,
     ) -> Turn:
-        """The request's engine slots: one per sequence vLLM will run (n x prompts)."""
+        """The request's engine slots: one per sequence vLLM will run (n x prompts; one for
+        a pooling request, whose inputs are a forward pass each, nothing decoded)."""
         seats = parsed.choices
         if seats > queue.per_key:
             raise _too_wide(parsed, queue.per_key)
@@ -220,6 +226,7 @@ class Completions:
             tokens_per_event=interval,
             responses=parsed.kind == "responses",
             messages=parsed.kind == "messages",
+            pooling=parsed.kind in POOLING,
         )
         prefixes: list[int] = []
         if self._proxy.router.wants_prefixes:

@@ -1,17 +1,18 @@
 """The JSON body of a metered request (chat completions, completions, the Responses API,
-Anthropic Messages).
+Anthropic Messages, and the pooling routes: embeddings, score, rerank).
 
     request = parse_completion_request("chat", body)     # or InvalidRequestError (400)
     upstream_body = render_upstream_body(request, max_tokens=admission.max_tokens)
 
 Parsing checks what admission needs (model, stream flags, max_tokens, how many choices), the
-prompt estimate (`prompt_estimate`, `responses_request`: an upper bound of the prompt's
-tokens) and the fields vLLM reads that no estimate can bound (`request_fields`: a 400 names
-them). The checks too costly for a key at its limit (schemas) wait for admission:
-`check_admitted`. Fields vLLM does not declare pass through: vLLM ignores them, so new OpenAI
-parameters do not break clients. The multipliers of a reservation are bounded here, before
-any quota store sees them: `n` (and `best_of`) at `MAX_CHOICES`, as OpenAI bounds `n`, and
-max_tokens at `MAX_TOKENS_LIMIT`.
+prompt estimate (`prompt_estimate`, `responses_request`, `pooling_request`: an upper bound
+of the prompt's tokens; a pooling request generates nothing, its max_tokens is 0) and the
+fields vLLM reads that no estimate can bound (`request_fields`: a 400 names them). The
+checks too costly for a key at its limit (schemas) wait for admission: `check_admitted`.
+Fields vLLM does not declare pass through: vLLM ignores them, so new OpenAI parameters do not
+break clients. The multipliers of a reservation are bounded here, before any quota store
+sees them: `n` (and `best_of`) at `MAX_CHOICES`, as OpenAI bounds `n`, max_tokens at
+`MAX_TOKENS_LIMIT`, a pooling batch's inputs at `max_inputs`.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import orjson
 from serving.gateway.anthropic_request import messages_prompt_estimate
 from serving.gateway.errors import InvalidRequestError
 from serving.gateway.images import ImagePolicy
+from serving.gateway.pooling_request import pooling_prompt_estimate
 from serving.gateway.prompt_estimate import (
     BASE_TOKENS,
     PER_MESSAGE_TOKENS,
@@ -33,7 +35,7 @@ from serving.gateway.prompt_estimate import (
     completion_prompt_estimates,
     text_bytes,
 )
-from serving.gateway.request_fields import Kind, check_fields
+from serving.gateway.request_fields import POOLING, Kind, check_fields
 from serving.gateway.responses_request import responses_prompt_estimate
 from serving.gateway.tool_request import check_schemas
 from serving.vllm_limits import DEFAULT_STREAM_INTERVAL
@@ -82,7 +84,8 @@ class CompletionRequest:
     client_wants_running_usage: bool
     """... and for usage in every chunk too (`stream_options.continuous_usage_stats`)."""
     requested_max_tokens: int | None
-    """What vLLM would use: max_completion_tokens if set, else max_tokens (None: neither)."""
+    """What vLLM would use: max_completion_tokens if set, else max_tokens (None: neither;
+    0 on a pooling route, which generates nothing)."""
     choices: int
     """Sequences generated: n (or best_of) times the number of prompts."""
     prompts: int
@@ -101,20 +104,31 @@ class CompletionRequest:
     @property
     def max_tokens_field(self) -> str:
         """The field the client set max_tokens in (or the route's usual one)."""
-        names = _MAX_TOKENS_FIELDS[self.kind]
+        names = _MAX_TOKENS_FIELDS.get(self.kind, ("max_tokens",))
         return next((name for name in names if self.data.get(name) is not None), names[-1])
 
 
 def parse_completion_request(
-    kind: Kind, body: bytes, *, images: ImagePolicy | None = None
+    kind: Kind,
+    body: bytes,
+    *,
+    images: ImagePolicy | None = None,
+    max_inputs: int | None = None,
 ) -> CompletionRequest:
-    """The parsed body, or `InvalidRequestError`; `images` prices image parts (default:
-    the settings' defaults)."""
+    """The parsed body, or `InvalidRequestError`; `images` prices image parts, `max_inputs`
+    bounds a pooling batch (default: the settings' defaults)."""
     data = _json_object(body)
     model = data.get("model")
     if not isinstance(model, str) or not model:
         raise _invalid("model", f"'model' must be a non-empty string, got {model!r}.")
     check_fields(kind, data)
+    if kind in POOLING:
+        estimate = pooling_prompt_estimate(kind, data, max_inputs=max_inputs)
+        return CompletionRequest(
+            kind, body, data, model, stream=False, client_wants_usage=False,
+            client_wants_running_usage=False, requested_max_tokens=0, choices=1, prompts=1,
+            prompt_estimate=estimate, longest_prompt_estimate=estimate,
+        )  # fmt: skip
     stream = _optional_bool(data, "stream")
     wants_usage = wants_running = False
     if kind == "chat" or kind == "completion":  # the other streams always carry their usage
@@ -173,8 +187,10 @@ def parse_completion_request(
 def check_admitted(request: CompletionRequest) -> None:
     """The checks too costly to run for a key at its limit, run once the request is admitted
     (InvalidRequestError: the caller withdraws the reservation). Today: the request's
-    schemas, which vLLM's grammar would refuse without naming the field."""
-    check_schemas(request.data, request.kind)
+    schemas, which vLLM's grammar would refuse without naming the field (a pooling route
+    reads none)."""
+    if request.kind not in POOLING:
+        check_schemas(request.data, request.kind)
 
 
 def check_tokenize_body(body: bytes, images: ImagePolicy) -> None:
@@ -228,7 +244,7 @@ def render_upstream_body(
         data["priority"] = priority
     if request.kind == "responses":
         data["max_output_tokens"] = max_tokens
-    else:
+    elif request.kind not in POOLING:  # a pooling route generates nothing
         data["max_tokens"] = max_tokens
         if data.get("max_completion_tokens") is not None:  # vLLM prefers it
             data["max_completion_tokens"] = max_tokens

@@ -5,9 +5,10 @@ what a request reserves).
 
 vLLM ignores fields its request models do not declare, so each declared field is classified
 here, per route:
-- counted: the prompt estimate includes it (`openai_request`, `responses_request`);
+- counted: the prompt estimate includes it (`prompt_estimate`, `responses_request`,
+  `anthropic_request`, `pooling_request`);
 - free: it changes sampling or the answer's shape, never the prompt nor the tokens beyond
-  max_tokens x choices;
+  max_tokens x choices (a truncation only lowers the prompt);
 - refused with a 400 naming it unless absent or at its harmless default: its cost cannot be
   bounded, it hands the engine's controls to a client, or it breaks the charging of aborted
   streams (each reason is written next to its fields).
@@ -22,7 +23,9 @@ from typing import Any, Final, Literal
 from serving.gateway.errors import InvalidRequestError
 from serving.vllm_limits import DEFAULT_STREAM_INTERVAL
 
-Kind = Literal["chat", "completion", "responses", "messages"]
+Kind = Literal["chat", "completion", "responses", "messages", "embeddings", "score", "rerank"]
+# The routes of pooling models: prompt tokens only, nothing generated (`pooling_request`).
+POOLING: Final[frozenset[Kind]] = frozenset({"embeddings", "score", "rerank"})
 
 _TEMPLATE = "a request's own chat template can render anything into the prompt"
 _PROCESSOR = "it changes how many prompt tokens an image becomes, which the gateway prices itself"
@@ -35,6 +38,11 @@ _STORED = (
 )
 _PROMPT_TEMPLATE = "stored prompt templates are not served; send the prompt in 'input'"
 _BACKGROUND = "a background response runs after its request has ended, where it cannot be charged"
+_PADDING = "padding to the context window is charged the whole window per input; leave it unset"
+_NO_USAGE = (
+    "a binary answer carries its usage outside the JSON body, where the gateway does not read "
+    "it; use 'float' or 'base64'"
+)
 
 # name -> (why it is refused, the values that are let through as harmless)
 Refusal = tuple[str, tuple[object, ...]]
@@ -46,6 +54,12 @@ _COMMON_REFUSED: Final[dict[str, Refusal]] = {
     "kv_transfer_params": (_ENGINE, (None,)),
     "ec_transfer_params": (_ENGINE, (None,)),
     "priority": (_ENGINE, (None, 0)),
+}
+# Pooling requests declare fewer of vLLM's engine fields than the generating ones.
+_POOLING_REFUSED: Final[dict[str, Refusal]] = {
+    "mm_processor_kwargs": (_PROCESSOR, (None, {})),
+    "priority": (_ENGINE, (None, 0)),
+    "padding": (_PADDING, (None, "do_not_pad")),
 }
 REFUSED: Final[dict[Kind, dict[str, Refusal]]] = {
     "chat": {
@@ -66,7 +80,21 @@ REFUSED: Final[dict[Kind, dict[str, Refusal]]] = {
     },
     # Anthropic Messages: vLLM turns the body into a chat request, and renders it the same way.
     "messages": dict(_COMMON_REFUSED),
+    "embeddings": {
+        **_POOLING_REFUSED,
+        "chat_template": (_TEMPLATE, (None,)),
+        "media_io_kwargs": (_PROCESSOR, (None, {})),
+        "encoding_format": (_NO_USAGE, (None, "float", "base64")),
+    },
+    "score": dict(_POOLING_REFUSED),
+    "rerank": dict(_POOLING_REFUSED),
 }
+_SCORE_COUNTED = frozenset(
+    {
+        "queries", "documents", "items", "data_1", "data_2", "text_1", "text_2",
+        "instruction", "chat_template_kwargs",
+    }
+)  # fmt: skip
 COUNTED: Final[dict[Kind, frozenset[str]]] = {
     "chat": frozenset(
         {
@@ -108,6 +136,22 @@ COUNTED: Final[dict[Kind, frozenset[str]]] = {
             "chat_template_kwargs",
         }
     ),
+    # `input` (text, token ids, a conversation, batches of them) or `messages`; the chat
+    # options shape the rendered conversation (`pooling_request`).
+    "embeddings": frozenset(
+        {
+            "input",
+            "messages",
+            "chat_template_kwargs",
+            "add_generation_prompt",
+            "continue_final_message",
+            "add_special_tokens",
+        }
+    ),
+    # Every pair is rendered with the instruction (`instruction` is folded into the score
+    # template's kwargs by vLLM).
+    "score": _SCORE_COUNTED,
+    "rerank": frozenset({"query", "documents", "instruction", "chat_template_kwargs"}),
 }
 _SAMPLING = frozenset(
     {
@@ -141,6 +185,15 @@ _MESSAGES_FREE = frozenset(
         "top_p", "cache_salt", "watermarking", "vllm_xargs",
     }
 )  # fmt: skip
+# Truncation only ever lowers the prompt; the rest shapes the answer (`dimensions`,
+# `encoding_format`'s JSON values, `top_n`) or names the request.
+_POOLING_FREE = frozenset(
+    {
+        "model", "user", "request_id", "cache_salt", "truncate_prompt_tokens",
+        "truncation_side", "use_activation",
+    }
+)  # fmt: skip
+_SCORING_FREE = _POOLING_FREE | {"max_tokens_per_query", "max_tokens_per_doc"}
 FREE: Final[dict[Kind, frozenset[str]]] = {
     "chat": _SAMPLING
     | {
@@ -154,12 +207,18 @@ FREE: Final[dict[Kind, frozenset[str]]] = {
     "completion": _SAMPLING | {"best_of", "response_format"},
     "responses": _RESPONSES_FREE,
     "messages": _MESSAGES_FREE,
+    "embeddings": _POOLING_FREE | {"dimensions", "embed_dtype", "endianness"},
+    "score": _SCORING_FREE,
+    "rerank": _SCORING_FREE | {"top_n"},
 }
 
 # chat_template_kwargs a shipped Qwen template reads: switches, and what it renders like the
 # top-level fields of the same name (counted there too). Any other key: 400.
 TEMPLATE_SWITCHES: Final = frozenset({"enable_thinking", "add_vision_id"})
 TEMPLATE_RENDERED: Final = frozenset({"tools", "documents"})
+# What vLLM's Qwen3 reranker score templates read (instead of their default instruction);
+# strings only, each counted once per pair. Any other key: 400.
+SCORE_TEMPLATE_TEXTS: Final = frozenset({"instruction", "instruct"})
 
 
 def check_fields(kind: Kind, data: dict[str, Any]) -> None:
@@ -172,7 +231,9 @@ def check_fields(kind: Kind, data: dict[str, Any]) -> None:
                 f"'{name}' is not accepted by this gateway: {rule[0]}.", param=name
             )
     kwargs = data.get("chat_template_kwargs")
-    if kwargs is not None:
+    if kwargs is not None and (kind == "score" or kind == "rerank"):
+        check_score_template_kwargs(kwargs)
+    elif kwargs is not None:
         check_template_kwargs(kwargs)
 
 
@@ -198,6 +259,24 @@ def check_template_kwargs(kwargs: object) -> None:
                 f"into the prompt uncounted (accepted: {allowed}).",
                 param=param,
             )
+
+
+def check_score_template_kwargs(kwargs: object) -> None:
+    if not isinstance(kwargs, dict):
+        raise InvalidRequestError(
+            "'chat_template_kwargs' must be an object.", param="chat_template_kwargs"
+        )
+    for key, value in kwargs.items():
+        param = f"chat_template_kwargs.{key}"
+        if key not in SCORE_TEMPLATE_TEXTS:
+            allowed = ", ".join(sorted(SCORE_TEMPLATE_TEXTS))
+            raise InvalidRequestError(
+                f"'{param}' is not accepted by this gateway: the score template could render "
+                f"it into every pair uncounted (accepted: {allowed}).",
+                param=param,
+            )
+        if value is not None and not isinstance(value, str):
+            raise InvalidRequestError(f"'{param}' must be a string.", param=param)
 
 
 def classified(kind: Kind) -> frozenset[str]:

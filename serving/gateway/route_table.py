@@ -2,7 +2,7 @@
 (docs/gateway.md, routes).
 
     route = ROUTES.lookup("POST", "/v1/responses/", opt_in=settings.opt_in_routes)
-    route.metering        # "chat" | "completion" | "responses" | "messages" | "free" | ...
+    route.metering        # "chat" | "completion" | "responses" | "messages" | "embeddings" | ...
     route.path            # vLLM's spelling, where the request is sent
     dialect_of(path)      # how errors and rate-limit headers are worded on that path
 
@@ -27,7 +27,10 @@ from serving.gateway.api_dialect import OPENAI, Dialect
 from serving.gateway.errors import EndpointNotAllowedError, GatewayError, RouteNotFoundError
 from serving.gateway.request_fields import Kind
 
-Metering = Literal["chat", "completion", "responses", "messages", "free", "models", "health"]
+Metering = Literal[
+    "chat", "completion", "responses", "messages", "embeddings", "score", "rerank", "free",
+    "models", "health",
+]  # fmt: skip
 OptIn = Literal["tokenize"]
 HEALTH_PATH = "/health"
 TOKENIZE_PATH = "/tokenize"
@@ -59,6 +62,12 @@ _TABLE: tuple[Route, ...] = (
     Route("/v1/completions", ("POST",), "completion"),
     Route("/v1/responses", ("POST",), "responses"),
     Route(MESSAGES_PATH, ("POST",), "messages"),
+    # Pooling models: prompt tokens reserved and settled, nothing generated. vLLM's other
+    # spellings of the same APIs (/score, /rerank) stay refused: one path per API.
+    Route("/v1/embeddings", ("POST",), "embeddings"),
+    Route("/v1/score", ("POST",), "score"),
+    Route("/v1/rerank", ("POST",), "rerank"),
+    Route("/v2/rerank", ("POST",), "rerank"),
     # Free: a tokenization, its body checked like a Messages body (fields, media).
     Route(COUNT_TOKENS_PATH, ("POST",), "free"),
     # Answered by the gateway from every engine's list, filtered to what the key may use.
@@ -72,6 +81,7 @@ _TABLE: tuple[Route, ...] = (
 # vLLM 0.32's own routes that the gateway refuses, and why (the 403 says so).
 _NOT_METERED = "its tokens would not be charged to your key"
 _ENGINE_ADMIN = "it is the engine's own, for its operators"
+_SERVED_ELSEWHERE = "send it to the same API under /v1 (/v1/score, /v1/rerank)"
 REFUSED: dict[str, str] = {
     "/v1/messages/render": _NOT_METERED,
     "/v1/chat/completions/batch": _NOT_METERED,
@@ -79,18 +89,14 @@ REFUSED: dict[str, str] = {
     "/v1/chat/completions/derender": _NOT_METERED,
     "/v1/completions/render": _NOT_METERED,
     "/v1/completions/derender": _NOT_METERED,
-    "/v1/embeddings": _NOT_METERED,
     "/v2/embed": _NOT_METERED,
-    "/v1/score": _NOT_METERED,
-    "/v1/rerank": _NOT_METERED,
-    "/v2/rerank": _NOT_METERED,
     "/v1/audio/transcriptions": _NOT_METERED,
     "/v1/audio/translations": _NOT_METERED,
     "/v1/systemone": _NOT_METERED,
     "/pooling": _NOT_METERED,
     "/classify": _NOT_METERED,
-    "/score": _NOT_METERED,
-    "/rerank": _NOT_METERED,
+    "/score": _SERVED_ELSEWHERE,
+    "/rerank": _SERVED_ELSEWHERE,
     "/generative_scoring": _NOT_METERED,
     "/cohere/v2/chat": _NOT_METERED,
     "/cohere/v2/chat/render": _NOT_METERED,

@@ -129,6 +129,8 @@ class GatewaySettings(BaseSettings):
     the gateway holds each body in memory until its request ends, about three copies
     (the bytes, the parsed JSON, the body sent on): budget ~100 MiB per image upload in
     flight, or lower this."""
+    max_pooling_inputs: int = Field(default=2048, ge=1)
+    """Inputs (or rerank pairs) a request may hold, OpenAI's 2048; more: 400, nothing reserved."""
     max_images_per_request: int = Field(default=8, ge=0)
     """Images one chat request may carry (more: 400 before anything is reserved); 0 refuses
     images (a text-only model). `serving up` sets the profile's limit_mm_per_prompt.image."""

@@ -4,13 +4,15 @@ rules).
     meter = ResponseMeter(strip_usage=True)          # chat / completions
     meter = ResponseMeter(strip_usage=False, responses=True)   # the Responses API
     meter = ResponseMeter(strip_usage=False, messages=True)    # Anthropic Messages
+    meter = ResponseMeter(strip_usage=False, pooling=True)     # embeddings, score, rerank
     meter.read_json(body)                  # a whole JSON body
     out = meter.feed(chunk) ... meter.end()  # an SSE stream: returns the bytes to relay
 
 Rules:
 - the final usage is read only from the parsed JSON of the one place its protocol puts it
   (vLLM's Responses events echo request fields a client could fill with usage-shaped text;
-  a Messages stream's events are read by their `type`, `anthropic_events`);
+  a Messages stream's events are read by their `type`, `anthropic_events`; a pooling
+  answer too large to keep whole is scanned for its top-level `usage`, `json_field`);
 - per-chunk usage (`continuous_usage_stats`) is found right after `}],"usage":{`, bytes that
   cannot occur inside a JSON string; the last one is `running_usage`, and they are cut out
   unless the client asked for them;
@@ -25,6 +27,7 @@ import re
 from typing import Any, NamedTuple
 
 from serving.gateway.anthropic_events import event_usage, generated_bytes, message_usage
+from serving.gateway.json_field import TopLevelField
 from serving.gateway.sse import event_data, json_value
 from serving.vllm_limits import DEFAULT_STREAM_INTERVAL
 
@@ -74,6 +77,18 @@ def usage_of(value: object, *, responses: bool = False) -> Usage | None:
     return Usage(prompt, completion)
 
 
+def pooling_usage(value: object) -> Usage | None:
+    """The counts of a pooling answer's usage object: `prompt_tokens` and `total_tokens` (a
+    rerank answer has no `completion_tokens`); a total beyond the prompt is charged as
+    generated (vLLM's pooling answers have none)."""
+    if not isinstance(value, dict):
+        return None
+    prompt, total = value.get("prompt_tokens"), value.get("total_tokens")
+    if type(prompt) is not int or type(total) is not int or not 0 <= prompt <= total:
+        return None
+    return Usage(prompt, total - prompt)
+
+
 def _delta_bytes(event: bytes) -> int:
     """The UTF-8 bytes of a Responses delta event's `delta` text (0 when it has none)."""
     data = json_value(event_data(event))
@@ -83,6 +98,7 @@ def _delta_bytes(event: bytes) -> int:
 
 class ResponseMeter:
     __slots__ = (
+        "_field",
         "_last_chunk_usage",
         "_other",
         "_other_size",
@@ -93,6 +109,7 @@ class ResponseMeter:
         "inband_error",
         "messages",
         "overtaken",
+        "pooling",
         "problem",
         "responses",
         "start_usage",
@@ -111,6 +128,7 @@ class ResponseMeter:
         tokens_per_event: int = DEFAULT_STREAM_INTERVAL,
         responses: bool = False,
         messages: bool = False,
+        pooling: bool = False,
     ) -> None:
         self.strip_usage = strip_usage
         """Drop the final usage chunk (the client did not ask for it)."""
@@ -128,6 +146,9 @@ class ResponseMeter:
         self.messages = messages
         """Anthropic Messages: usage as input (with the cache fields) and output tokens, in
         a stream's `message_start` and `message_delta` events; never stripped."""
+        self.pooling = pooling
+        """A pooling route (embeddings, score, rerank): one JSON answer whose top-level
+        `usage` has prompt and total tokens; never stripped."""
         self.usage: Usage | None = None
         """The final usage (chunk), or the usage of a whole body."""
         self.events = 0
@@ -144,6 +165,7 @@ class ResponseMeter:
         self._last_chunk_usage = b""
         self._other: list[bytes] = []
         self._other_size = 0
+        self._field = TopLevelField(b"usage") if pooling else None
 
     @property
     def running_usage(self) -> Usage | None:
@@ -191,17 +213,27 @@ class ResponseMeter:
         if self.messages:
             counts = message_usage(value)
             return None if counts is None else Usage(*counts)
+        if self.pooling:
+            return pooling_usage(value)
         return usage_of(value, responses=self.responses)
 
     # -- streamed bodies that are not SSE: kept whole (up to a limit), parsed at the end ---
 
     def feed_other(self, chunk: bytes) -> None:
-        if self._other_size <= MAX_OTHER_BODY:
+        if self._field is not None:  # scanned as it passes, whatever its size
+            self._field.feed(chunk)
+        elif self._other_size <= MAX_OTHER_BODY:
             self._other.append(chunk)
             self._other_size += len(chunk)
 
     def end_other(self) -> None:
-        if self._other_size > MAX_OTHER_BODY:
+        if self._field is not None:  # as `read_json` does with a whole body
+            found = self._field.value()
+            if found is not None:
+                self.usage = pooling_usage(found)
+            if not self._field.complete or (found is not None and self.usage is None):
+                self._problem("bad_json")
+        elif self._other_size > MAX_OTHER_BODY:
             self._problem("bad_json")
         else:
             self.read_json(b"".join(self._other))

@@ -177,7 +177,14 @@ def _engine_container(profile: Profile, sizing: EngineSizing) -> Manifest:
     return {
         "name": "vllm",
         "image": ENGINE_IMAGES[profile.device],
-        "args": engine_args(profile, model_path(profile), host=ENGINE_HOST, port=POD_ENGINE_PORT),
+        # A chat template as its text: the pod has no copy of this package's template files.
+        "args": engine_args(
+            profile,
+            model_path(profile),
+            host=ENGINE_HOST,
+            port=POD_ENGINE_PORT,
+            inline_templates=True,
+        ),
         "env": [{"name": name, "value": env[name]} for name in sorted(env)],
         # Memory request == limit: memory is not compressible, and a pod using more than it
         # requested is the first evicted under node pressure, mid-stream.

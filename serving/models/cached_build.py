@@ -176,8 +176,8 @@ def _swap_into_place(partial: Path, target: Path) -> None:
     """Rename the finished build onto the target: readers never see a half-written model."""
     # mkdtemp (and safetensors' own temp file) made these private; vLLM may run as another user.
     partial.chmod(0o755)
-    for path in partial.iterdir():
-        path.chmod(0o644)
+    for path in partial.rglob("*"):
+        path.chmod(0o755 if path.is_dir() else 0o644)
     if not target.exists():
         partial.rename(target)
         return

@@ -49,14 +49,26 @@ def _widest_layer(spec: ModelSpec, tp: int) -> int:
         g = spec.linear
         # projections (q, k, v, z, b, a) + core attention output
         widths.append((g.conv_dim + g.value_dim + 2 * g.value_heads) // tp + g.value_dim // tp)
-    if spec.moe is None:
+    if spec.dense_mlp_layers:
         widths.append(3 * cdiv(spec.intermediate, tp))  # gate_up output + activation
-    else:
-        moe = spec.moe
-        routed = 3 * cdiv(moe.expert_intermediate, tp) * moe.experts_per_token
-        shared = 3 * cdiv(moe.shared_expert_intermediate, tp)
-        widths.append(routed + shared + moe.num_experts)
+    if spec.moe is not None:
+        widths.append(_moe_width(spec, tp))
     return max(widths)
+
+
+def _moe_width(spec: ModelSpec, tp: int) -> int:
+    """Values per token of one sparse MLP on one GPU, as vLLM's Triton fused-MoE allocates them
+    (`TritonExperts.workspace_shapes`, no chunking): workspace13 of top_k x max(I, hidden),
+    which also holds the output, and workspace2 of top_k x max(2I, hidden), I the expert's
+    intermediate per GPU; plus the router logits and a shared expert's gate_up + activation.
+    The top-k ids and weights (about 12 bytes per selected expert) are left out."""
+    assert spec.moe is not None
+    moe = spec.moe
+    inter = cdiv(moe.expert_intermediate, tp)
+    h = spec.hidden
+    routed = moe.experts_per_token * (max(inter, h) + max(2 * inter, h))
+    shared = 3 * cdiv(moe.shared_expert_intermediate, tp)
+    return routed + shared + moe.num_experts
 
 
 def activation_estimate(

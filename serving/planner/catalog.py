@@ -12,7 +12,7 @@ from pathlib import Path
 
 from serving.errors import ServingError
 from serving.planner.config_json import load_config_dir
-from serving.planner.models import GatedDeltaNetSpec, ModelSpec, hybrid_layer_types
+from serving.planner.models import GatedDeltaNetSpec, ModelSpec, MoeSpec, hybrid_layer_types
 from serving.planner.vision import VisionConfig, vision_encoder_params
 
 # Qwen/Qwen2.5-7B-Instruct config.json: num_hidden_layers 28, hidden_size 3584,
@@ -134,12 +134,82 @@ QWEN35_27B = ModelSpec(
     notes=("vision_config from 27B-shaped copies, not this model's file (see catalog.py)",),
 )  # fmt: skip
 
+# Qwen/Qwen3-Coder-30B-A3B-Instruct config.json (Qwen3MoeForCausalLM): num_hidden_layers 48,
+# hidden_size 2048, num_attention_heads 32, num_key_value_heads 4, head_dim 128,
+# num_experts 128, num_experts_per_tok 8, moe_intermediate_size 768,
+# shared_expert_intermediate_size 0, decoder_sparse_step 1, mlp_only_layers [] (every layer
+# sparse; intermediate_size 5472 is then unused), vocab_size 151936, tie_word_embeddings false,
+# max_position_embeddings 262144, torch_dtype bfloat16; q/k norm, no attention bias.
+# From public copies of the hub file, whose model.safetensors.index.json gives total_size
+# 61,064,245,248 bytes: the 30,532,122,624 bf16 parameters this spec counts.
+QWEN3_CODER_30B_A3B = ModelSpec(
+    name="Qwen3-Coder-30B-A3B-Instruct",
+    layers=48, hidden=2048, heads=32, kv_heads=4, head_dim=128, intermediate=5472,
+    vocab=151936, tied_embeddings=False, max_positions=262144, qk_norm=True, lora_embeddings=True,
+    moe=MoeSpec(num_experts=128, experts_per_token=8, expert_intermediate=768),
+)  # fmt: skip
+
+# Qwen/Qwen3-Coder-480B-A35B-Instruct config.json (Qwen3MoeForCausalLM): num_hidden_layers 62,
+# hidden_size 6144, num_attention_heads 96, num_key_value_heads 8, head_dim 128,
+# num_experts 160, num_experts_per_tok 8, moe_intermediate_size 2560,
+# shared_expert_intermediate_size 0, decoder_sparse_step 1, mlp_only_layers [],
+# intermediate_size 8192 (unused), vocab_size 151936, tie_word_embeddings false,
+# max_position_embeddings 262144. From public copies of the hub file (not the file itself).
+QWEN3_CODER_480B_A35B = ModelSpec(
+    name="Qwen3-Coder-480B-A35B-Instruct",
+    layers=62, hidden=6144, heads=96, kv_heads=8, head_dim=128, intermediate=8192,
+    vocab=151936, tied_embeddings=False, max_positions=262144, qk_norm=True, lora_embeddings=True,
+    moe=MoeSpec(num_experts=160, experts_per_token=8, expert_intermediate=2560),
+    notes=("config values from public copies of the hub config.json (see catalog.py)",),
+)  # fmt: skip
+
+# Qwen/Qwen3-Embedding-0.6B config.json (Qwen3ForCausalLM, served by vLLM's pooling runner):
+# Qwen3-0.6B's shapes (num_hidden_layers 28, hidden_size 1024, num_attention_heads 16,
+# num_key_value_heads 8, head_dim 128, intermediate_size 3072) with vocab_size 151669,
+# max_position_embeddings 32768, tie_word_embeddings true. From public copies of the hub file,
+# which agree with each other.
+QWEN3_EMBEDDING_06B = ModelSpec(
+    name="Qwen3-Embedding-0.6B",
+    layers=28, hidden=1024, heads=16, kv_heads=8, head_dim=128, intermediate=3072,
+    vocab=151669, tied_embeddings=True, max_positions=32768, qk_norm=True, lora_embeddings=True,
+)  # fmt: skip
+
+# Qwen/Qwen3-Embedding-8B config.json: Qwen3-8B's shapes (QWEN3_8B above) with vocab_size
+# 151665, max_position_embeddings 40960, tie_word_embeddings false (a pooling runner loads no
+# LM head either way). From one public copy of the hub file.
+QWEN3_EMBEDDING_8B = replace(
+    QWEN3_8B,
+    name="Qwen3-Embedding-8B",
+    vocab=151665,
+    notes=("config values from a public copy of the hub config.json (see catalog.py)",),
+)
+
+# Qwen/Qwen3-Reranker-0.6B config.json: Qwen3-0.6B's shapes (QWEN3_EMBEDDING_06B's) and tied
+# embeddings, as the model card's base model Qwen3-0.6B-Base; vocab_size 151669 and
+# max_position_embeddings 40960 as Qwen3-Reranker-8B's file (no copy of this model's own file
+# was at hand: the two differ from it by at most 0.3 MiB of embedding).
+QWEN3_RERANKER_06B = replace(
+    QWEN3_EMBEDDING_06B,
+    name="Qwen3-Reranker-0.6B",
+    max_positions=40960,
+    notes=("vocab and context from Qwen3-Reranker-8B's config.json (see catalog.py)",),
+)
+
+# Qwen/Qwen3-Reranker-8B config.json (Qwen3ForCausalLM; vLLM serves it as a one-label
+# classifier from the LM head's "yes" and "no" rows, dropping the rest of the head): Qwen3-8B's
+# shapes with vocab_size 151669, max_position_embeddings 40960, tie_word_embeddings false.
+# From a public dump of the hub file and its tensor list: 8,188,548,096 parameters with the
+# LM head, this spec's count less vLLM's padding of the vocabulary to 151680 rows.
+QWEN3_RERANKER_8B = replace(QWEN3_8B, name="Qwen3-Reranker-8B", vocab=151669)
+
 CATALOG: dict[str, ModelSpec] = {
     spec.name: spec
     for spec in (
         QWEN25_7B, QWEN25_14B, QWEN25_32B, QWEN25_72B, QWEN25_72B_AWQ,
         QWEN3_8B, QWEN3_14B, QWEN3_32B,
         QWEN35_9B, QWEN35_27B,
+        QWEN3_CODER_30B_A3B, QWEN3_CODER_480B_A35B,
+        QWEN3_EMBEDDING_06B, QWEN3_EMBEDDING_8B, QWEN3_RERANKER_06B, QWEN3_RERANKER_8B,
     )
 }  # fmt: skip
 

@@ -28,7 +28,7 @@ from serving.planner.profile_plan import (
     profile_settings,
 )
 from serving.planner.render import plan_to_dict, render_table
-from serving.planner.settings import PlanSettings
+from serving.planner.settings import RUNNERS, PlanSettings
 from serving.vllm_flags import DEFAULT_GPU_MEMORY_UTILIZATION, engine_flag
 
 if TYPE_CHECKING:
@@ -94,6 +94,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"plan without the vision encoder (vLLM {language_model_only})",
     )
     _engine_argument(
+        parser,
+        "runner",
+        choices=RUNNERS,
+        help="pooling: an embedding or scoring model, no LM head, no sampler (default generate)",
+    )
+    _engine_argument(
         parser, "enable_lora", action="store_true", help="plan vLLM's LoRA adapter buffers"
     )
     _engine_argument(
@@ -128,6 +134,7 @@ def _with_flags(settings: PlanSettings, args: argparse.Namespace) -> PlanSetting
         "language_model_only": True if args.language_model_only else None,
         "max_loras": args.max_loras,
         "max_lora_rank": args.max_lora_rank,
+        "runner": args.runner,
     }
     lora_flags = args.enable_lora or args.max_loras is not None or args.max_lora_rank is not None
     overrides["enable_lora"] = True if lora_flags else None

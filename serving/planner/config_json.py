@@ -5,6 +5,8 @@ Multimodal checkpoints (`Qwen3_5ForConditionalGeneration`) nest the decoder unde
 decoder's fields at the top level; its encoder's largest image comes from the pixel range of
 preprocessor_config.json beside config.json. Hybrid layouts come
 from `layer_types` or, failing that, `full_attention_interval` (default 4, as transformers).
+MoE configs (`num_experts` > 0) add the experts, a shared expert if any, and which layers keep
+a dense MLP (`decoder_sparse_step`, `mlp_only_layers`, as vLLM's Qwen MoE classes read them).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from serving.planner.models import (
     LayerKind,
     ModelSpec,
     MoeSpec,
+    dense_mlp_indices,
     hybrid_layer_types,
 )
 from serving.planner.vision import (
@@ -96,15 +99,24 @@ def _linear_spec(fields: _Fields) -> GatedDeltaNetSpec:
     )
 
 
-def _moe_spec(fields: _Fields) -> MoeSpec | None:
+def _moe_spec(fields: _Fields, layers: int) -> MoeSpec | None:
     experts = fields.data.get("num_experts") or 0
     if not experts:
         return None
+    step = fields.integer("decoder_sparse_step", 1)
+    if step == 0:
+        raise ServingError(f"{fields.source}: field 'decoder_sparse_step' must be > 0")
+    mlp_only = fields.data.get("mlp_only_layers") or []
+    if not isinstance(mlp_only, list) or not all(
+        isinstance(index, int) and not isinstance(index, bool) for index in mlp_only
+    ):
+        raise ServingError(f"{fields.source}: field 'mlp_only_layers' must list layer indices")
     return MoeSpec(
         num_experts=fields.integer("num_experts"),
         experts_per_token=fields.integer("num_experts_per_tok"),
         expert_intermediate=fields.integer("moe_intermediate_size"),
         shared_expert_intermediate=fields.integer("shared_expert_intermediate_size", 0),
+        dense_layers=dense_mlp_indices(layers, step, tuple(mlp_only)),
     )
 
 
@@ -209,7 +221,7 @@ def spec_from_config(
         attention_output_gate=text.flag("attn_output_gate", gated_default),
         layer_types=layer_types,
         linear=_linear_spec(text) if layer_types else None,
-        moe=_moe_spec(text),
+        moe=_moe_spec(text, layers),
         vision_params=(
             qwen25_vision_params(qwen25_vision)
             if qwen25_vision is not None

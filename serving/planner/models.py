@@ -4,7 +4,9 @@
 vision encoder, if the checkpoint has one). Hybrid models (Qwen3-Next, Qwen3.5) list which
 layers are full attention and which are linear attention (Gated DeltaNet, `GatedDeltaNetSpec`);
 only full-attention layers keep a per-token KV cache, linear layers keep a fixed-size state
-per sequence. Reading a `config.json` lives in `serving.planner.config_json`.
+per sequence. Mixture-of-experts models (`MoeSpec`) change only the MLP: attention, and so the
+KV cache, is as dense as any other model's. Reading a `config.json` lives in
+`serving.planner.config_json`.
 """
 
 from __future__ import annotations
@@ -52,12 +54,25 @@ class GatedDeltaNetSpec:
 
 @dataclass(frozen=True, kw_only=True)
 class MoeSpec:
-    """Mixture-of-experts MLP (Qwen3-MoE, Qwen3-Next): every decoder layer is sparse."""
+    """Mixture-of-experts MLP (Qwen2-MoE, Qwen3-MoE, Qwen3-Next).
+
+    Each sparse layer holds `num_experts` routed experts (gate/up/down of
+    `expert_intermediate`), a router, and optionally one shared expert with its sigmoid gate.
+    The layers listed in `dense_layers` keep a dense MLP of the model's `intermediate` size
+    instead (config.json `decoder_sparse_step` and `mlp_only_layers`: `dense_mlp_indices`).
+    """
 
     num_experts: int
     experts_per_token: int
     expert_intermediate: int  # moe_intermediate_size
     shared_expert_intermediate: int = 0  # shared_expert_intermediate_size (0: none)
+    dense_layers: tuple[int, ...] = ()  # indices of decoder layers with a dense MLP
+
+
+def dense_mlp_indices(layers: int, sparse_step: int, mlp_only: tuple[int, ...]) -> tuple[int, ...]:
+    """Indices of the layers vLLM gives a dense MLP (`Qwen3MoeDecoderLayer`): those listed in
+    `mlp_only_layers`, and those whose index + 1 is not a multiple of `decoder_sparse_step`."""
+    return tuple(index for index in range(layers) if index in mlp_only or (index + 1) % sparse_step)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -99,6 +114,10 @@ class ModelSpec:
             )
         if self.linear_layers and self.linear is None:
             raise ValueError(f"{self.name}: linear-attention layers need linear_* fields")
+        if self.moe is not None and any(
+            not 0 <= index < self.layers for index in self.moe.dense_layers
+        ):
+            raise ValueError(f"{self.name}: a dense MLP layer index is outside the layers")
 
     @property
     def full_attention_layers(self) -> int:
@@ -115,6 +134,16 @@ class ModelSpec:
     @property
     def is_hybrid(self) -> bool:
         return self.linear_layers > 0
+
+    @property
+    def sparse_layers(self) -> int:
+        """Layers whose MLP is a mixture of experts (0 for a dense model)."""
+        return 0 if self.moe is None else self.layers - len(self.moe.dense_layers)
+
+    @property
+    def dense_mlp_layers(self) -> int:
+        """Layers with a dense MLP of `intermediate`."""
+        return self.layers - self.sparse_layers
 
 
 def hybrid_layer_types(layers: int, full_attention_interval: int) -> tuple[LayerKind, ...]:

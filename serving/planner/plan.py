@@ -75,6 +75,7 @@ class Plan:
     gpu: GpuSpec
     settings: PlanSettings  # resolved: every default filled in
     parameters: int
+    active_parameters: int  # used per token: differs from `parameters` for MoE models only
     replicas: int  # gpu_count // (tensor_parallel_size x pipeline_parallel_size)
     # per GPU of the binding stage (the only stage without pipeline parallelism), bytes
     usable_bytes: int  # total x utilization (CPU: the KV space)
@@ -220,8 +221,15 @@ def _stage(
     part = stage_spec(spec, *layers)
     dtype_bytes = model_dtype_bytes(s.dtype, spec.dtype)
     awq = s.awq_group_size if s.quantization == "awq" else None
+    pooling = s.runner == "pooling"
     weights = weight_bytes(
-        part, tp, dtype_bytes=dtype_bytes, awq_group_size=awq, first_stage=first, last_stage=last
+        part,
+        tp,
+        dtype_bytes=dtype_bytes,
+        awq_group_size=awq,
+        first_stage=first,
+        last_stage=last,
+        lm_head=not pooling,
     )
     lora = LoraBytes()
     if s.enable_lora:
@@ -255,8 +263,10 @@ def _stage(
             max_num_batched_tokens=s.max_num_batched_tokens,
             max_num_seqs=s.max_num_seqs,
         )
-        # Only the last stage samples (the logits of max_num_seqs rows).
-        activation = estimate.peak_bytes if last else estimate.forward_bytes
+        # Only the last stage samples (the logits of max_num_seqs rows); a pooling runner
+        # samples nothing, and its pooler's pass (at most a hidden state per token, float32)
+        # holds less than the forward pass.
+        activation = estimate.peak_bytes if last and not pooling else estimate.forward_bytes
         if first:  # the vision encoder runs there
             activation = with_vision_encoder(activation, part, s, dtype_bytes=dtype_bytes)
         usable = math.ceil(gpu.memory_bytes * s.gpu_memory_utilization)
@@ -318,6 +328,7 @@ def evaluate(spec: ModelSpec, gpu: GpuSpec, settings: PlanSettings) -> Plan:
         gpu=gpu,
         settings=s,
         parameters=param_count(spec),
+        active_parameters=param_count(spec, active=True),
         replicas=max(1, s.gpu_count // (tp * pp)),
         usable_bytes=usable,
         weights=weights,

@@ -61,6 +61,7 @@ def profile_settings(profile: Profile) -> PlanSettings:
         prefix_caching=profile.enable_prefix_caching,
         enforce_eager=profile.enforce_eager,
         images_per_prompt=profile.limit_mm_per_prompt.get("image"),
+        runner=profile.runner,
         **_lora_settings(profile),
     )
 

@@ -43,6 +43,7 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
     return {
         "model": plan.model,
         "parameters": plan.parameters,
+        "active_parameters": plan.active_parameters,
         "gpu": {
             "name": plan.gpu.name,
             "label": plan.gpu.label,
@@ -107,8 +108,12 @@ def _header(plan: Plan) -> list[str]:
     count = "" if plan.gpu.is_cpu else f"{s.gpu_count} x "
     pp = s.pipeline_parallel_size
     stages = "" if pp == 1 else f", pp={pp}"
+    active = ""
+    if plan.active_parameters != plan.parameters:
+        active = f", {_parameters(plan.active_parameters)} active per token"
+    size = f"{_parameters(plan.parameters)} parameters{active}"
     lines = [
-        f"{plan.model} ({_parameters(plan.parameters)} parameters) on {count}{plan.gpu.label}",
+        f"{plan.model} ({size}) on {count}{plan.gpu.label}",
         f"  tp={s.tensor_parallel_size}{stages}{replicas}, dtype {s.dtype}, {precision}, "
         f"KV cache dtype {s.kv_cache_dtype}",
         f"  max_model_len {s.max_model_len}, max_num_seqs {s.max_num_seqs}, "

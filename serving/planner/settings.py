@@ -26,6 +26,7 @@ from serving.vllm_flags import (
 )
 
 CPU_KV_SPACE_GIB = 4.0  # vLLM's documented default for VLLM_CPU_KVCACHE_SPACE
+RUNNERS = ("generate", "pooling")  # the vLLM runners a plan knows
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -47,6 +48,9 @@ class PlanSettings:
     prefix_caching: bool = True
     enforce_eager: bool = False  # no CUDA graphs, so no graph memory
     language_model_only: bool = False  # vLLM's language_model_only: no vision encoder loaded
+    # vLLM's runner: `pooling` (embeddings, scores) loads no LM head and samples nothing.
+    # The KV cache is planned the same: vLLM keeps one for a causal pooling model.
+    runner: str = "generate"
     images_per_prompt: int | None = None  # limit_mm_per_prompt's image; None: vLLM's 999
     # LoRA on: vLLM preallocates max_loras adapter slots of max_lora_rank (planner/lora.py).
     enable_lora: bool = False
@@ -86,6 +90,14 @@ def _check_tp(spec: ModelSpec, tp: int) -> None:
         raise ServingError(
             f"--tp: {tp} does not divide the linear-attention heads "
             f"({g.key_heads} key, {g.value_heads} value) of {spec.name}"
+        )
+    moe = spec.moe
+    # vLLM refuses tp > num_experts (Qwen3MoeSparseMoeBlock) and asserts that TP splits
+    # every expert's intermediate evenly (FusedMoEConfig).
+    if moe is not None and (tp > moe.num_experts or moe.expert_intermediate % tp):
+        raise ServingError(
+            f"--tp: {tp} does not divide the experts of {spec.name} ({moe.num_experts} "
+            f"experts of intermediate size {moe.expert_intermediate})"
         )
 
 
@@ -138,6 +150,9 @@ def resolve(spec: ModelSpec, gpu: GpuSpec, settings: PlanSettings) -> PlanSettin
     model_dtype_bytes(settings.dtype, spec.dtype)
     kv_dtype_bytes(settings.kv_cache_dtype, 2)
     check_quantization(settings.quantization)
+    if settings.runner not in RUNNERS:
+        flag = engine_flag("runner")
+        raise ServingError(f"{flag}: {settings.runner!r} is not one of {', '.join(RUNNERS)}")
     batched, seqs = _batch_defaults(gpu, tp)
     # vLLM reads quantization_config from an AWQ checkpoint's config.json by itself.
     quantization = "awq" if spec.awq_group_size else settings.quantization

@@ -38,9 +38,14 @@ def pp_ranges(layers: int, pp: int) -> tuple[tuple[int, int], ...]:
 
 
 def stage_spec(spec: ModelSpec, start: int, end: int) -> ModelSpec:
-    """The model as one stage sees it: only layers [start, end), their kinds kept."""
+    """The model as one stage sees it: only layers [start, end), their kinds kept (attention
+    kind, and for MoE which of them keep a dense MLP)."""
     kinds = spec.layer_types[start:end] if spec.layer_types else ()
-    return replace(spec, layers=end - start, layer_types=kinds)
+    moe = spec.moe
+    if moe is not None:
+        dense = tuple(index - start for index in moe.dense_layers if start <= index < end)
+        moe = replace(moe, dense_layers=dense)
+    return replace(spec, layers=end - start, layer_types=kinds, moe=moe)
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,9 @@ Rules:
   DeltaNet input projections split their outputs; o, down and the DeltaNet output projection
   their inputs; K/V heads are replicated when tp > kv_heads; embeddings and the LM head split
   the vocabulary (padded to 64); norms are replicated;
+- mixture of experts (vLLM's `FusedMoE`): every routed expert is loaded, each split over TP
+  like a dense MLP (moe_intermediate_size / tp); the router (`GateLinear`) and a shared
+  expert's gate are replicated, a shared expert is split like a dense MLP;
 - pipeline parallelism (`first_stage` / `last_stage`): the input embedding on the first stage,
   the LM head and final norm on the last, which keeps its own copy of tied embeddings;
 - AWQ (4 bit, zero point, group g): qweight int32 [in, out/8], qzeros int32 [in/g, out/8],
@@ -80,16 +83,23 @@ def linear_layers(spec: ModelSpec, tp: int) -> list[Linear]:
             Linear("in_proj_ba", lin, h, 2 * gdn.value_heads // tp),
             Linear("out_proj", lin, gdn.value_dim // tp, h),
         ]
-    n = spec.layers
-    if spec.moe is None:
+    dense = spec.dense_mlp_layers
+    if dense:
         inter = cdiv(spec.intermediate, tp)
-        layers += [Linear("gate_up_proj", n, h, 2 * inter), Linear("down_proj", n, inter, h)]
+        layers += [
+            Linear("gate_up_proj", dense, h, 2 * inter),
+            Linear("down_proj", dense, inter, h),
+        ]
+    if spec.moe is None:
         return layers
     moe = spec.moe
+    n = spec.sparse_layers
+    # Every expert is resident: with TP each GPU holds 1/tp of every expert's intermediate
+    # (vLLM's FusedMoE), with expert parallelism 1/tp of the experts whole: the same bytes.
     expert_inter = cdiv(moe.expert_intermediate, tp)
     experts = n * moe.num_experts
     layers += [
-        Linear("router", n, h, moe.num_experts, quantizable=False),
+        Linear("router", n, h, moe.num_experts, quantizable=False),  # replicated on every GPU
         Linear("expert_gate_up", experts, h, 2 * expert_inter, expert=True),
         Linear("expert_down", experts, expert_inter, h, expert=True),
     ]
@@ -104,13 +114,21 @@ def linear_layers(spec: ModelSpec, tp: int) -> list[Linear]:
 
 
 def embedding_params(
-    spec: ModelSpec, tp: int, *, first_stage: bool = True, last_stage: bool = True
+    spec: ModelSpec,
+    tp: int,
+    *,
+    first_stage: bool = True,
+    last_stage: bool = True,
+    lm_head: bool = True,
 ) -> int:
-    """Input embedding plus LM head (unless tied), one GPU's vocabulary shard, on a stage."""
+    """Input embedding plus LM head (unless tied), one GPU's vocabulary shard, on a stage.
+    `lm_head` False: a pooling model, which vLLM builds without one (adapters.py replaces it
+    with a stub; a reranker's score row is a few KiB)."""
     shard = cdiv(cdiv(spec.vocab, VOCAB_PADDING) * VOCAB_PADDING, tp) * spec.hidden
-    if first_stage and last_stage:
+    head = last_stage and lm_head
+    if first_stage and head:
         return shard if spec.tied_embeddings else 2 * shard
-    return shard * (int(first_stage) + int(last_stage))
+    return shard * (int(first_stage) + int(head))
 
 
 def other_params(spec: ModelSpec, tp: int, *, last_stage: bool = True) -> int:
@@ -130,12 +148,16 @@ def _bias_params(layer: Linear) -> int:
     return layer.out_features if layer.bias else 0
 
 
-def param_count(spec: ModelSpec) -> int:
-    """All parameters (text decoder + vision encoder), unsharded."""
-    linear = sum(
-        layer.count * (layer.in_features * layer.out_features + _bias_params(layer))
-        for layer in linear_layers(spec, 1)
-    )
+def param_count(spec: ModelSpec, *, active: bool = False) -> int:
+    """All parameters (text decoder + vision encoder), unsharded; `active`: those one token
+    uses, counting only `experts_per_token` of each MoE layer's routed experts (as model
+    cards count "activated" parameters: embeddings and LM head included)."""
+    linear = 0
+    for layer in linear_layers(spec, 1):
+        params = layer.count * (layer.in_features * layer.out_features + _bias_params(layer))
+        if active and layer.expert and spec.moe is not None:
+            params = params * spec.moe.experts_per_token // spec.moe.num_experts
+        linear += params
     return linear + embedding_params(spec, 1) + other_params(spec, 1)
 
 
@@ -154,6 +176,7 @@ def weight_bytes(
     awq_group_size: int | None,
     first_stage: bool = True,
     last_stage: bool = True,
+    lm_head: bool = True,
 ) -> WeightBytes:
     """One GPU's weight bytes at a precision (`awq_group_size` None: unquantized).
 
@@ -171,7 +194,9 @@ def weight_bytes(
             experts += layer.count * one
     return WeightBytes(
         linear=linear,
-        embeddings=embedding_params(spec, tp, first_stage=first_stage, last_stage=last_stage)
+        embeddings=embedding_params(
+            spec, tp, first_stage=first_stage, last_stage=last_stage, lm_head=lm_head
+        )
         * dtype_bytes,
         other=other_params(spec, tp, last_stage=last_stage) * dtype_bytes,
         routed_experts=experts,

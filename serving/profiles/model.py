@@ -8,10 +8,17 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, model_validator
 
 from serving.paths import BUILTIN_PREFIX
 from serving.profiles.lora import Lora
+from serving.profiles.pooling import (
+    GENERATION_ONLY,
+    Convert,
+    PoolerConfig,
+    Runner,
+    check_chat_template,
+)
 from serving.vllm_limits import DEFAULT_GPU_MEMORY_UTILIZATION, DEFAULT_STREAM_INTERVAL
 
 # A model reference of this form names a model the project builds itself.
@@ -109,7 +116,23 @@ class Profile(BaseModel):
     default_chat_template_kwargs: dict[str, JsonValue] = Field(default_factory=dict)
     # LoRA adapters served beside the base model, and vLLM's limits for them (profiles/lora.py).
     lora: Lora | None = None
+    # Generating text, or pooling (embeddings, scores), with the fields that say how
+    # (profiles/pooling.py); config.json fields vLLM reads instead of the checkpoint's.
+    runner: Runner = "generate"
+    convert: Convert | None = None
+    pooler_config: PoolerConfig | None = None
+    hf_overrides: dict[str, JsonValue] = Field(default_factory=dict)
+    # The template vLLM renders prompts with instead of the tokenizer's: `builtin:NAME`
+    # (serving/profiles/templates/NAME.jinja) or a path.
+    chat_template: str | None = Field(default=None, min_length=1)
     env: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("chat_template")
+    @classmethod
+    def _known_template(cls, value: str | None) -> str | None:
+        if value is not None:
+            check_chat_template(value)
+        return value
 
     @model_validator(mode="after")
     def _consistent(self) -> Profile:
@@ -144,6 +167,20 @@ class Profile(BaseModel):
                 raise ValueError(
                     "set kv_cache_memory_bytes or env VLLM_CPU_KVCACHE_SPACE, not both"
                 )
+        return self
+
+    @model_validator(mode="after")
+    def _runner(self) -> Profile:
+        if self.runner == "generate":
+            for name in ("convert", "pooler_config"):
+                if getattr(self, name) is not None:
+                    raise ValueError(f"{name}: only for runner pooling (runner is generate)")
+            return self
+        for name, unset in GENERATION_ONLY.items():
+            if getattr(self, name) != unset:
+                raise ValueError(f"{name}: runner pooling generates no text to parse; remove it")
+        if self.structured_outputs != StructuredOutputs():
+            raise ValueError("structured_outputs: runner pooling generates no text; remove it")
         return self
 
     @model_validator(mode="after")

@@ -61,3 +61,21 @@ def test_tiny_vl_command_builds_and_prints_the_directory(
     config = json.loads((out / "config.json").read_text())
     assert config["architectures"] == ["Qwen2_5_VLForConditionalGeneration"]
     assert (out / "preprocessor_config.json").is_file()
+
+
+@pytest.mark.parametrize(
+    ("kind", "written"),
+    [("tiny-embedding", "modules.json"), ("tiny-reranker", "tokenizer.json")],
+)
+def test_pooling_model_commands_build_and_print_the_directory(
+    kind: str, written: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`serving model tiny-embedding` / `serving model tiny-reranker` as docs/profiles.md
+    shows them (here with --out, so the test writes under its own directory)."""
+    out = tmp_path / kind
+    assert main(["model", kind, "--out", str(out)]) == 0
+    printed = capsys.readouterr().out.strip().splitlines()
+    assert printed == [str(out.resolve())]
+    assert (out / written).is_file() and (out / "build-info.json").is_file()
+    assert main(["model", kind, "--out", str(out)]) == 0  # cached: the same directory
+    assert capsys.readouterr().out.strip() == str(out.resolve())

@@ -14,6 +14,7 @@ gates and the events a test waits for, so tests do not see each other's traffic:
     POST /v1/responses           the Responses API: JSON, or its SSE events (created, one
                                  output_text.delta per word, completed with the usage)
     POST /v1/messages            Anthropic's Messages API and its count_tokens (`fake_messages`)
+    POST /v1/embeddings          the pooling routes: embeddings, score, rerank (`fake_pooling`)
                                  The model name picks a fault:
         fault-reset              the stream is cut after 2 events
         fault-in-band            2 words, then `data: {"error": ...}` and [DONE] (as vLLM)
@@ -69,6 +70,7 @@ from tests.gateway.fake_bodies import (
     usage_chunk,
 )
 from tests.gateway.fake_messages import count_tokens, messages
+from tests.gateway.fake_pooling import embeddings, rerank, score
 from tests.gateway.servers import listening_socket
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -208,6 +210,10 @@ class FakeUpstream:
             ("POST", "/v1/responses", self._responses),
             ("POST", "/v1/messages", lambda request: messages(self, request)),
             ("POST", "/v1/messages/count_tokens", lambda request: count_tokens(self, request)),
+            ("POST", "/v1/embeddings", lambda request: embeddings(self, request)),
+            ("POST", "/v1/score", lambda request: score(self, request)),
+            ("POST", "/v1/rerank", lambda request: rerank(self, request)),
+            ("POST", "/v2/rerank", lambda request: rerank(self, request)),
             ("*", "/v1/echo", self._echo),
             ("POST", "/v1/gated-stream", self._gated_stream),
             ("POST", "/v1/bad-request", self._bad_request),

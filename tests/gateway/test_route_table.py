@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import httpx
 import pytest
 
@@ -31,6 +33,11 @@ def refused(method: str, path: str, opt_in: frozenset[str] = frozenset()) -> Gat
         ("POST", "/v1/messages", "messages", "/v1/messages"),
         ("POST", "/v1/messages/", "messages", "/v1/messages"),
         ("POST", "/v1/messages/count_tokens", "free", "/v1/messages/count_tokens"),
+        ("POST", "/v1/embeddings", "embeddings", "/v1/embeddings"),
+        ("POST", "/v1/embeddings/", "embeddings", "/v1/embeddings"),
+        ("POST", "/v1/score", "score", "/v1/score"),
+        ("POST", "/v1/rerank", "rerank", "/v1/rerank"),
+        ("POST", "/v2/rerank", "rerank", "/v2/rerank"),
         ("GET", "/v1/models", "models", "/v1/models"),
         ("GET", "/health", "health", "/health"),
         ("HEAD", "/health", "health", "/health"),
@@ -43,8 +50,52 @@ def test_served_routes(method: str, path: str, metering: str, canonical: str) ->
 
 def test_only_the_metered_routes_reserve() -> None:
     metered = {route.path for route in ROUTES.routes() if route.metered}
-    assert metered == {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages"}
+    assert metered == {
+        "/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages",
+        "/v1/embeddings", "/v1/score", "/v1/rerank", "/v2/rerank",
+    }  # fmt: skip
     assert not set(REFUSED) & {route.path for route in ROUTES.routes()}
+
+
+def vllm_routes() -> dict[str, type]:
+    """Every path the installed vLLM's API routers declare, and its route's type."""
+    import importlib
+    import pkgutil
+
+    import vllm.entrypoints
+    from fastapi import APIRouter
+
+    found: dict[str, type] = {}
+    for module in pkgutil.walk_packages(vllm.entrypoints.__path__, "vllm.entrypoints."):
+        if module.name.rsplit(".", 1)[-1] in ("api_router", "router", "api_server"):
+            for value in vars(importlib.import_module(module.name)).values():
+                if isinstance(value, APIRouter):
+                    found.update(
+                        (getattr(route, "path", ""), type(route)) for route in value.routes
+                    )
+    return found
+
+
+def test_every_route_vllm_declares_is_served_or_refused_for_every_key() -> None:
+    # A route a new vLLM adds fails here until the table serves or refuses it; refusals
+    # come before the key is read, so they hold for every key alike.
+    from fastapi.routing import APIWebSocketRoute
+
+    routes = vllm_routes()
+    assert {"/v1/chat/completions", "/v1/embeddings", "/v2/rerank", "/pooling"} <= set(routes)
+    served = {route.path for route in ROUTES.routes()}
+    for path, kind in routes.items():
+        if path in served or kind is APIWebSocketRoute:  # the gateway serves HTTP only
+            continue
+        concrete = re.sub(r"\{[^}]+\}", "x", path)
+        assert isinstance(refused("POST", concrete), EndpointNotAllowedError), path
+
+
+@pytest.mark.parametrize("path", ["/score", "/rerank", "/v2/embed", "/pooling", "/classify"])
+def test_pooling_routes_not_metered_stay_refused(path: str) -> None:
+    # /score and /rerank are the same APIs as /v1/score and /v1/rerank: one path per API.
+    error = refused("POST", path)
+    assert isinstance(error, EndpointNotAllowedError) and error.http_status == 403
 
 
 @pytest.mark.parametrize("path", sorted(REFUSED))

@@ -330,3 +330,59 @@ def test_a_cut_responses_stream_is_bounded_by_its_deltas_text_not_its_events() -
     bound = meter.streamed_tokens(1)
     assert bound is not None and bound >= 1 + 6  # covers the tokens
     assert bound == meter.delta_bytes + len(stream) + 4  # the echoes count for nothing
+
+
+# -- pooling answers (embeddings, score, rerank) ----------------------------------------------
+
+EMBEDDINGS = {
+    "object": "list",
+    "data": [{"index": 0, "object": "embedding", "embedding": [0.25] * 4}],
+    "usage": {"prompt_tokens": 7, "total_tokens": 7, "completion_tokens": 0},
+}
+# A rerank answer echoes the documents, and its usage has no completion_tokens.
+FORGED_TEXT = '{"usage": {"prompt_tokens": 1, "total_tokens": 1}}'
+RERANK = {
+    "id": "rerank-1",
+    "usage": {"prompt_tokens": 40, "total_tokens": 40},
+    "results": [{"index": 0, "document": {"text": FORGED_TEXT}, "relevance_score": 0.5}],
+}
+
+
+def test_a_pooling_answer_is_charged_its_prompt_tokens() -> None:
+    for answer, usage in ((EMBEDDINGS, Usage(7, 0)), (RERANK, Usage(40, 0))):
+        whole = ResponseMeter(strip_usage=False, pooling=True)
+        whole.read_json(json.dumps(answer).encode())
+        streamed = ResponseMeter(strip_usage=False, pooling=True)
+        text = json.dumps(answer).encode()
+        for start in range(0, len(text), 5):  # a body over the whole-body limit, in pieces
+            streamed.feed_other(text[start : start + 5])
+        streamed.end_other()
+        assert whole.usage == streamed.usage == usage
+        assert whole.problem is streamed.problem is None
+
+
+def test_a_streamed_pooling_answer_is_scanned_not_kept() -> None:
+    meter = ResponseMeter(strip_usage=False, pooling=True)
+    vector = b"[" + b"0.125," * 1000 + b"0.5]"
+    meter.feed_other(b'{"data":[')
+    for _ in range((MAX_OTHER_BODY // len(vector)) + 2):  # past what a chat answer may keep
+        meter.feed_other(b'{"embedding":' + vector + b"},")
+    meter.feed_other(b'{"embedding":[]}],"usage":{"prompt_tokens":5,"total_tokens":5}}')
+    meter.end_other()
+    assert meter.usage == Usage(5, 0) and meter.problem is None
+
+
+def test_a_pooling_usage_that_is_not_counts_is_a_problem() -> None:
+    for usage, problem in (
+        ({"prompt_tokens": 3}, "bad_json"),
+        ({"prompt_tokens": 3, "total_tokens": 2}, "bad_json"),
+        ({"prompt_tokens": True, "total_tokens": 1}, "bad_json"),
+        (None, None),  # no usage: charged the reservation, recorded as missing
+    ):
+        meter = ResponseMeter(strip_usage=False, pooling=True)
+        meter.read_json(json.dumps({"data": [], "usage": usage}).encode())
+        assert (meter.usage, meter.problem) == (None, problem)
+    cut = ResponseMeter(strip_usage=False, pooling=True)
+    cut.feed_other(b'{"data": [], "usage": {"prompt_tokens": 3, "total_tokens": 3}')
+    cut.end_other()
+    assert (cut.usage, cut.problem) == (None, "bad_json")

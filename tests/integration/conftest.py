@@ -12,7 +12,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Generator, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from serving.engine.port_check import refuse_taken
 from serving.engine.process import http_ok
-from tests.ports import free_port
+from tests.ports import free_port, free_port_block
 
 if TYPE_CHECKING:  # the oracle imports this module
     from tests.integration.oracle import Ledger
@@ -34,6 +34,9 @@ if TYPE_CHECKING:  # the oracle imports this module
 REPO = Path(__file__).resolve().parents[2]
 TEST_KEY = "sk-test-integration-0123456789abcdef"
 MODEL = "qwen3-tiny"
+# `pooling_stack`'s profiles, in its engines' order, and the models they serve.
+POOLING_PROFILES = ("cpu-tiny-embedding", "cpu-tiny-reranker")
+EMBEDDING_MODEL, RERANKER_MODEL = "qwen3-tiny-embedding", "qwen3-tiny-reranker"
 
 
 def serving_env(**extra: str) -> dict[str, str]:
@@ -58,6 +61,13 @@ class Stack:
     gateway_metrics_url: str
     """The gateway's metrics port: every series, per key too (its API port's /metrics has
     the aggregate ones only)."""
+    engine_urls: tuple[str, ...] = ()
+    """Every engine's URL, in the order of the profiles (`engine_url` is the first); empty:
+    `engine_url` alone."""
+
+    @property
+    def engines(self) -> tuple[str, ...]:
+        return self.engine_urls or (self.engine_url,)
 
     def client(self, **kwargs: object) -> OpenAI:
         return OpenAI(base_url=f"{self.gateway_url}/v1", api_key=self.api_key, **kwargs)  # type: ignore[arg-type]
@@ -66,7 +76,7 @@ class Stack:
         return OpenAI(base_url=f"{self.engine_url}/v1", api_key="unused")
 
     def oracle_urls(self) -> tuple[list[str], list[str]]:
-        return [self.gateway_url], [self.engine_url]
+        return [self.gateway_url], list(self.engines)
 
     def off_the_books(self) -> AbstractContextManager[None]:
         """Requests sent straight to the engine inside, uncharged on purpose
@@ -175,20 +185,27 @@ def descendants(pid: int) -> list[psutil.Process]:
 def serving_up(
     workdir: Path,
     *,
-    profile: str | None = None,
+    profile: str | Sequence[str] | None = None,
     timeout: float = 900,
     env: dict[str, str] | None = None,
     stop: signal.Signals = signal.SIGINT,
     to_group: bool = False,
 ) -> Iterator[Stack]:
-    """`serving up` (with `profile`, else the default; `env` added to its environment, e.g.
-    gateway settings) as a user starts it, in a session of its own as under a terminal or a
-    supervisor; `stop` at the end, to its process group when `to_group` (a closed terminal,
-    supervisord's stopasgroup), and then no process of the stack may be left, nor a port."""
-    port, engine_port, launcher_port = free_port(), free_port(), free_port()
-    metrics_port = free_port()
+    """`serving up` (with `profile`, several profiles, else the default; `env` added to its
+    environment, e.g. gateway settings) as a user starts it, in a session of its own as under
+    a terminal or a supervisor; `stop` at the end, to its process group when `to_group` (a
+    closed terminal, supervisord's stopasgroup), and then no process of the stack may be
+    left, nor a port."""
+    names = [profile] if isinstance(profile, str) else list(profile or ())
+    port, metrics_port = free_port(), free_port()
+    if len(names) > 1:  # engine i on engine_port + 2i, its launcher's metrics on the next
+        engine_port = free_port_block(2 * len(names))
+        launcher_port = engine_port + 1
+    else:
+        engine_port, launcher_port = free_port(), free_port()
+    engine_ports = [engine_port + 2 * index for index in range(max(1, len(names)))]
     output, keys_db = workdir / "serving-up.out", workdir / "keys.db"
-    chosen = [] if profile is None else ["--profile", profile]
+    chosen = [arg for name in names for arg in ("--profile", name)]
     with output.open("w") as sink:
         process = subprocess.Popen(
             [sys.executable, "-m", "serving.cli", "up", *chosen, "--port", str(port),
@@ -199,10 +216,12 @@ def serving_up(
         )  # fmt: skip
     stack = Stack(f"http://127.0.0.1:{port}", f"http://127.0.0.1:{engine_port}", TEST_KEY,
                   process, output, keys_db, f"http://127.0.0.1:{launcher_port}",
-                  f"http://127.0.0.1:{metrics_port}")  # fmt: skip
+                  f"http://127.0.0.1:{metrics_port}",
+                  tuple(f"http://127.0.0.1:{engine}" for engine in engine_ports))  # fmt: skip
     try:
         wait_for(f"{stack.gateway_url}/healthz", process, output, timeout=timeout)
-        wait_for(f"{stack.engine_url}/health", process, output, timeout=60)
+        for engine in stack.engines:
+            wait_for(f"{engine}/health", process, output, timeout=60)
         yield stack
     finally:
         children = descendants(process.pid)
@@ -217,7 +236,8 @@ def serving_up(
             raise
         _, alive = psutil.wait_procs(children, timeout=30)
         assert not alive, f"processes left behind by serving up after {stop.name}: {alive}"
-        ports = (port, engine_port, launcher_port, metrics_port)
+        launchers = [launcher_port + 2 * index for index in range(len(engine_ports))]
+        ports = (port, *engine_ports, *launchers, metrics_port)
         refuse_taken(dict.fromkeys(ports, f"after {stop.name}, a stack's"))
 
 
@@ -228,10 +248,23 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         yield running
 
 
+@pytest.fixture(scope="session")
+def pooling_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """`serving up --profile cpu-tiny-embedding --profile cpu-tiny-reranker`: the pooling
+    engines (no chat engine) behind one gateway, started by the first test that needs them
+    and shared by every later one (`engine_urls`: the embedding engine's, then the
+    reranker's). vLLM counts their prompt tokens as it counts a chat's (its
+    prompt_tokens_by_source_total), so the accounting oracle checks them too."""
+    with serving_up(
+        tmp_path_factory.mktemp("pooling-stack"), profile=POOLING_PROFILES, stop=signal.SIGTERM
+    ) as running:
+        yield running
+
+
 # The fixtures the oracle checks, when their value names its gateways and engines
-# (`oracle_urls`): the session's stack, vision's, the tenants', the replicas' and discovery's
-# topology and the multi-node cluster.
-ORACLE_FIXTURES = ("stack", "vl_stack", "lora_stack", "topology", "cluster")
+# (`oracle_urls`): the session's stack, the pooling engines', vision's, the tenants', the
+# replicas' and discovery's topology and the multi-node cluster.
+ORACLE_FIXTURES = ("stack", "pooling_stack", "vl_stack", "lora_stack", "topology", "cluster")
 # The ledger the last checked test ended on, per fixture: the next test starts from it unless
 # a test that reaches an engine around the gateway ran in between (one scrape of each less).
 _last_ledger: dict[str, Ledger] = {}

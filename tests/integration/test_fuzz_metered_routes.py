@@ -1,8 +1,9 @@
 """Every route a key sends a body to (the metered ones, and Messages' count_tokens) fuzzed
 from vLLM's own OpenAPI schema (schemathesis), through the gateway with a limited key: no body
 gets a server error, every error is in its API's shape (both have `error.message`), and spend
-never passes the key's limits. A bounded number of examples per route keeps it within the
-suite's time."""
+never passes the key's limits. The pooling routes (embeddings, score, rerank) are fuzzed from
+their own engines' schemas, on the pooling stack. A bounded number of examples per route keeps
+it within the suite's time."""
 
 from __future__ import annotations
 
@@ -14,8 +15,16 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 from schemathesis.core.result import Ok
 
-from tests.integration.conftest import MODEL, Stack, eventually
-from tests.integration.test_gateway_quota import charged, create_key, idle
+from tests.integration.conftest import (
+    EMBEDDING_MODEL,
+    MODEL,
+    RERANKER_MODEL,
+    Stack,
+    eventually,
+    total,
+)
+from tests.integration.test_disconnect import running_requests
+from tests.integration.test_gateway_quota import charged, create_key, gateway_metrics, idle
 
 DAY_BUDGET = 40_000
 EXAMPLES = 40
@@ -69,9 +78,68 @@ def test_fuzzed_bodies_get_no_server_error_and_spend_stays_within_limits(
     assert 0 < spent <= DAY_BUDGET, (spent, seen)
 
 
-def fuzz(stack: Stack, operation: Any, headers: dict[str, str], statuses: dict[int, int]) -> None:
+# The pooling routes, each fuzzed from the schema of the engine that serves it (the embedding
+# engine's, then the reranker's), with its model, and the body of an ordinary request.
+POOLING: dict[str, tuple[int, str, dict[str, Any]]] = {
+    "/v1/embeddings": (0, EMBEDDING_MODEL, {"input": ["hi", "there"]}),
+    "/v1/score": (1, RERANKER_MODEL, {"queries": "hi", "documents": ["hi", "there"]}),
+    "/v1/rerank": (1, RERANKER_MODEL, {"query": "hi", "documents": ["hi", "there"]}),
+    "/v2/rerank": (1, RERANKER_MODEL, {"query": "hi", "documents": "there"}),
+}
+POOLING_EXAMPLES = 25
+
+
+def test_fuzzed_pooling_bodies_get_no_server_error_and_spend_stays_within_limits(
+    pooling_stack: Stack,
+) -> None:
+    stack = pooling_stack
+    key_id, secret = create_key(stack, "fuzz-pooling", "--tokens-per-day", str(DAY_BUDGET))
+    headers = {"Authorization": f"Bearer {secret}"}
+    seen: dict[str, dict[int, int]] = {}
+    for number, engine in enumerate(stack.engines):
+        spec = httpx.get(f"{engine}/openapi.json", timeout=30).json()
+        paths = [path for path, (owner, _, _) in POOLING.items() if owner == number]
+        schema = schemathesis.openapi.from_dict(spec).include(method="POST", path=paths)
+        results = list(schema.get_all_operations())
+        operations = [result.ok() for result in results if isinstance(result, Ok)]
+        assert sorted(op.path for op in operations) == sorted(paths)
+        for operation in operations:
+            model = POOLING[operation.path][1]
+            statuses = seen.setdefault(operation.path, {})
+            fuzz(stack, operation, headers, statuses, model=model, examples=POOLING_EXAMPLES,
+                 always_model=True)  # fmt: skip
+    for path, (_, model, fields) in POOLING.items():
+        served = httpx.post(
+            stack.gateway_url + path, json={"model": model, **fields}, headers=headers, timeout=120
+        )
+        assert served.status_code == 200, served.text
+        assert served.json()["usage"]["prompt_tokens"] > 0
+    eventually(lambda: idle(stack) and all_idle(stack), budget_s=60)
+    spent = total(gateway_metrics(stack), "gateway_tokens_total", key=key_id)
+    print(f"fuzzed pooling: {seen}, spent {spent}")
+    assert 0 < spent <= DAY_BUDGET, (spent, seen)
+
+
+def all_idle(stack: Stack) -> bool:
+    """No engine of the stack is running a request (`idle` reads the first engine's)."""
+    return all(running_requests(url) == 0 for url in stack.engines)
+
+
+def fuzz(
+    stack: Stack,
+    operation: Any,
+    headers: dict[str, str],
+    statuses: dict[int, int],
+    *,
+    model: str = MODEL,
+    examples: int = EXAMPLES,
+    always_model: bool = False,
+) -> None:
+    """`always_model`: name the model in every body, where vLLM's schema makes it optional
+    (the gateway requires it: without, most bodies would only test that 400)."""
+
     @settings(
-        max_examples=EXAMPLES,
+        max_examples=examples,
         deadline=None,
         database=None,
         derandomize=True,
@@ -79,8 +147,9 @@ def fuzz(stack: Stack, operation: Any, headers: dict[str, str], statuses: dict[i
     )
     @given(operation.as_strategy())
     def check(case: Any) -> None:
-        if isinstance(case.body, dict) and case.body.get("model") is not None:
-            case.body["model"] = MODEL  # else most bodies only test model_not_found
+        named = isinstance(case.body, dict) and case.body.get("model") is not None
+        if isinstance(case.body, dict) and (named or always_model):
+            case.body["model"] = model  # else most bodies only test model_not_found
         response = case.call(base_url=stack.gateway_url, headers=headers, timeout=120)
         statuses[response.status_code] = statuses.get(response.status_code, 0) + 1
         assert response.status_code < 500, (case.body, response.text[:500])

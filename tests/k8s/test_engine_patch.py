@@ -218,3 +218,14 @@ def test_a_profile_for_runtime_adapters_renders_with_lora_on() -> None:
     container = vllm(runtime)
     assert engine_flag("enable_lora") in container["args"]
     assert {"name": "VLLM_ALLOW_RUNTIME_LORA_UPDATING", "value": "1"} in container["env"]
+
+
+def test_a_chat_template_goes_into_the_pod_as_its_text() -> None:
+    """The pod runs vLLM's image, without this package's template files."""
+    profile = load_profile("qwen3-reranker-0.6b-4090")
+    args = vllm(profile)["args"]
+    template = args[args.index(engine_flag("chat_template")) + 1]
+    assert template.startswith("<|im_start|>system\nJudge whether the Document")
+    assert args == engine_args(
+        profile, model_path(profile), host=ENGINE_HOST, port=POD_ENGINE_PORT, inline_templates=True
+    )

@@ -49,6 +49,21 @@ def test_table_output(capsys: pytest.CaptureFixture[str]) -> None:
     assert "Verdict: FITS" in out
 
 
+def test_a_moe_plan_says_how_many_parameters_a_token_uses(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["plan", "--model", "Qwen/Qwen3-Coder-30B-A3B-Instruct", "--gpu", "h100-80gb"]
+    assert cli.main(argv) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.startswith(
+        "Qwen3-Coder-30B-A3B-Instruct (30.53 B parameters, 3.35 B active per token) on 1 x H100"
+    )
+    data = _plan_json(capsys, *argv[1:])
+    assert (data["parameters"], data["active_parameters"]) == (30_532_122_624, 3_353_032_704)
+    dense = _plan_json(capsys, "--model", "Qwen3-8B")
+    assert dense["active_parameters"] == dense["parameters"]
+
+
 def test_local_config_and_cpu(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     config = {
         "model_type": "qwen3", "head_dim": 32, "hidden_size": 128, "intermediate_size": 256,
@@ -81,3 +96,27 @@ def test_errors_are_one_line(
     err = capsys.readouterr().err
     assert err.count("\n") == 1
     assert err.startswith(f"serving plan: error: {message}")
+
+
+def test_runner_pooling_plans_a_profiles_model_without_its_lm_head(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    def weight_bytes(*argv: str) -> object:
+        per_gpu = _plan_json(capsys, *argv)["per_gpu"]
+        assert isinstance(per_gpu, dict)
+        return per_gpu["weight_bytes"]
+
+    model = ["--model", "Qwen/Qwen3-Embedding-8B", "--gpu", "l40s", "--max-model-len", "8192"]
+    generating = weight_bytes(*model, "--runner", "generate")
+    pooling = weight_bytes(*model, "--runner", "pooling")
+    assert isinstance(generating, int) and isinstance(pooling, int)
+    assert generating - pooling == 151680 * 4096 * 2  # its untied LM head, bf16
+    assert weight_bytes("--profile", "qwen3-embedding-8b-l40s") == pooling
+
+
+def test_the_reranker_plan_docs_planner_md_shows(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["--model", "Qwen/Qwen3-Reranker-8B", "--gpu", "l40s", "--max-model-len", "8192"]
+    data = _plan_json(capsys, *argv, "--runner", "pooling")
+    assert data["fits"] is True and data["model"] == "Qwen3-Reranker-8B"
+    settings = data["settings"]
+    assert isinstance(settings, dict) and settings["runner"] == "pooling"

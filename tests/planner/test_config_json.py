@@ -1,4 +1,4 @@
-"""Reading config.json files: Qwen2, Qwen3, Qwen3.5 (nested, hybrid), AWQ, errors."""
+"""Reading config.json files: Qwen2, Qwen3, Qwen3-MoE, Qwen3.5 (nested, hybrid), AWQ, errors."""
 
 from __future__ import annotations
 
@@ -10,7 +10,13 @@ from typing import Any
 import pytest
 
 from serving.errors import ServingError
-from serving.planner.catalog import QWEN3_8B, QWEN25_7B, QWEN35_27B, resolve_model
+from serving.planner.catalog import (
+    QWEN3_8B,
+    QWEN3_CODER_30B_A3B,
+    QWEN25_7B,
+    QWEN35_27B,
+    resolve_model,
+)
 from serving.planner.models import FULL, LINEAR
 
 QWEN25_7B_CONFIG: dict[str, Any] = {
@@ -70,6 +76,34 @@ QWEN35_27B_CONFIG: dict[str, Any] = {
 }
 
 
+# Qwen/Qwen3-Coder-30B-A3B-Instruct's config.json, as published (generation-only fields left out).
+QWEN3_CODER_30B_A3B_CONFIG: dict[str, Any] = {
+    "architectures": ["Qwen3MoeForCausalLM"],
+    "decoder_sparse_step": 1,
+    "head_dim": 128,
+    "hidden_act": "silu",
+    "hidden_size": 2048,
+    "intermediate_size": 5472,
+    "max_position_embeddings": 262144,
+    "mlp_only_layers": [],
+    "model_type": "qwen3_moe",
+    "moe_intermediate_size": 768,
+    "norm_topk_prob": True,
+    "num_attention_heads": 32,
+    "num_experts": 128,
+    "num_experts_per_tok": 8,
+    "num_hidden_layers": 48,
+    "num_key_value_heads": 4,
+    "qkv_bias": False,
+    "rope_theta": 10000000,
+    "shared_expert_intermediate_size": 0,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "use_qk_norm": True,
+    "vocab_size": 151936,
+}
+
+
 def _write(tmp_path: Path, config: dict[str, Any]) -> Path:
     (tmp_path / "config.json").write_text(json.dumps(config), encoding="utf-8")
     return tmp_path
@@ -112,6 +146,29 @@ def test_moe_config(tmp_path: Path) -> None:
     )
     spec = resolve_model(str(_write(tmp_path, moe)))
     assert spec.moe is not None and spec.moe.num_experts == 128
+    assert spec.moe.dense_layers == () and spec.sparse_layers == 36
+
+
+def test_qwen3_coder_config_matches_the_catalog(tmp_path: Path) -> None:
+    spec = resolve_model(str(_write(tmp_path, QWEN3_CODER_30B_A3B_CONFIG)))
+    assert replace(spec, name=QWEN3_CODER_30B_A3B.name) == QWEN3_CODER_30B_A3B
+
+
+def test_moe_layers_with_a_dense_mlp(tmp_path: Path) -> None:
+    # vLLM's Qwen MoE layers: dense when listed in mlp_only_layers, or when index + 1 is not a
+    # multiple of decoder_sparse_step; indices past the last layer change nothing.
+    config = dict(
+        QWEN3_CODER_30B_A3B_CONFIG,
+        num_hidden_layers=6,
+        decoder_sparse_step=2,
+        mlp_only_layers=[3, 99],
+        shared_expert_intermediate_size=512,
+    )
+    spec = resolve_model(str(_write(tmp_path, config)))
+    assert spec.moe is not None
+    assert spec.moe.dense_layers == (0, 2, 3, 4)
+    assert (spec.sparse_layers, spec.dense_mlp_layers) == (2, 4)
+    assert spec.moe.shared_expert_intermediate == 512
 
 
 def test_awq_checkpoint_is_planned_as_awq(tmp_path: Path) -> None:
@@ -132,6 +189,13 @@ def test_awq_checkpoint_is_planned_as_awq(tmp_path: Path) -> None:
         ),
         (dict(QWEN25_7B_CONFIG, num_hidden_layers="28"), "'num_hidden_layers' must be"),
         (dict(QWEN25_7B_CONFIG, layer_types=["full_attention"]), "'layer_types' must list"),
+        (dict(QWEN3_CODER_30B_A3B_CONFIG, decoder_sparse_step=0), "'decoder_sparse_step' must"),
+        (dict(QWEN3_CODER_30B_A3B_CONFIG, mlp_only_layers="0"), "'mlp_only_layers' must list"),
+        (dict(QWEN3_CODER_30B_A3B_CONFIG, mlp_only_layers=[True]), "'mlp_only_layers' must"),
+        (
+            {k: v for k, v in QWEN3_CODER_30B_A3B_CONFIG.items() if k != "num_experts_per_tok"},
+            "'num_experts_per_tok' is missing",
+        ),
     ],
 )
 def test_bad_config_names_the_field(tmp_path: Path, config: dict[str, Any], message: str) -> None:

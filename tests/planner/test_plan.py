@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from serving.errors import ServingError
@@ -154,3 +156,45 @@ def test_language_model_only_drops_the_vision_encoder() -> None:
     text = evaluate(spec, RTX4090, PlanSettings(max_model_len=32768, language_model_only=True))
     assert full.weights.total - text.weights.total == 2 * spec.vision_params
     assert text.parameters == full.parameters - spec.vision_params
+
+
+def test_moe_kv_cache_is_dense_attentions() -> None:
+    coder = resolve_model("Qwen3-Coder-30B-A3B-Instruct")
+    plan = evaluate(coder, get_gpu("h100"), PlanSettings(max_model_len=131072))
+    # 48 layers x 4 KV heads x 128 x K and V x 2 bytes: experts add nothing to the KV cache.
+    assert plan.kv_bytes_per_token_model == plan.layout.kv_bytes_per_token == 96 * 1024
+    assert plan.fits and plan.weights.total == 61_064_245_248
+    assert plan.active_parameters < plan.parameters // 9
+
+
+def test_tp_must_split_every_expert_evenly() -> None:
+    coder = resolve_model("Qwen3-Coder-30B-A3B-Instruct")
+    assert coder.moe is not None
+    odd = replace(coder, moe=replace(coder.moe, expert_intermediate=100))
+    few = replace(coder, moe=replace(coder.moe, num_experts=4))
+    for spec in (odd, few):
+        with pytest.raises(ServingError, match=r"^--tp: 8 does not divide the experts"):
+            evaluate(spec, RTX4090, PlanSettings(tensor_parallel_size=8))
+    assert evaluate(odd, RTX4090, PlanSettings(tensor_parallel_size=4)).weights.total > 0
+
+
+def test_a_pooling_runner_plans_no_lm_head_and_no_sampler() -> None:
+    """vLLM's pooling runner builds no LM head (an untied one is not loaded) and runs a pooler
+    instead of the sampler: the weights lose the head, the activations the logits pass; the
+    KV cache is planned as for generation (vLLM keeps one for a causal pooling model)."""
+    spec = resolve_model("Qwen/Qwen3-Reranker-8B")  # untied: its LM head is 1.16 GiB
+    settings = PlanSettings(max_model_len=8192, max_num_seqs=1024, max_num_batched_tokens=2048)
+    generating = evaluate(spec, RTX4090, settings)
+    pooling = evaluate(spec, RTX4090, replace(settings, runner="pooling"))
+    head = 151680 * 4096 * 2  # the vocabulary padded to 64 rows, bf16
+    assert generating.weights.total - pooling.weights.total == head
+    sampler = 1024 * spec.vocab * 4  # float32 logits of max_num_seqs rows
+    assert generating.activation_bytes == sampler > pooling.activation_bytes
+    assert pooling.layout == generating.layout
+    tied = resolve_model("Qwen/Qwen3-Embedding-0.6B")  # the head is the embedding: no change
+    assert (
+        evaluate(tied, RTX4090, replace(settings, runner="pooling")).weights.total
+        == evaluate(tied, RTX4090, settings).weights.total
+    )
+    with pytest.raises(ServingError, match="--runner: 'draft' is not one of generate, pooling"):
+        evaluate(spec, RTX4090, replace(settings, runner="draft"))

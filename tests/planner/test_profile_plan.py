@@ -22,9 +22,16 @@ from serving.planner.profile_plan import (
 from serving.profiles import load_profile
 
 
-# The profile docs/planner.md and docs/profiles.md plan, an AWQ one and one on two nodes.
+# The profiles docs/planner.md, docs/profiles.md and docs/anthropic.md plan, an AWQ one and
+# one on two nodes.
 @pytest.mark.parametrize(
-    "name", ["qwen2.5-7b-fp16-tp4-4090", "qwen2.5-7b-awq-4090", "qwen2.5-72b-pp2-tp4-2x4090x4"]
+    "name",
+    [
+        "qwen2.5-7b-fp16-tp4-4090",
+        "qwen2.5-7b-awq-4090",
+        "qwen2.5-72b-pp2-tp4-2x4090x4",
+        "qwen3-coder-30b-a3b-h100",
+    ],
 )
 def test_profile_plan_is_what_serving_plan_prints_for_the_profile(
     name: str, capsys: pytest.CaptureFixture[str]
@@ -58,3 +65,16 @@ def test_a_builtin_model_not_built_yet_is_named_with_how_to_build_it(
     assert profile_model_ref(load_profile("qwen2.5-7b-awq-4090")) == "Qwen/Qwen2.5-7B-Instruct-AWQ"
     # Planned from its build parameters, so the plan needs no checkpoint.
     assert profile_plan(profile).fits
+
+
+def test_the_coder_profile_plans_as_its_docs_say() -> None:
+    # docs/planner.md and docs/profiles.md quote these numbers.
+    profile = load_profile("qwen3-coder-30b-a3b-h100")
+    plan = profile_plan(profile)
+    assert plan.fits and profile_gpu(profile).name == "h100-80gb"
+    assert plan.model == "Qwen3-Coder-30B-A3B-Instruct" and plan.weights.total == 61_064_245_248
+    assert f"{plan.weights.total / 2**30:.2f} {plan.kv_available_bytes / 2**30:.2f}" == (
+        "56.87 14.61"
+    )
+    assert plan.capacity.tokens == 159_536 > profile.max_model_len == 131_072
+    assert (profile.tool_call_parser, profile.reasoning_parser) == ("qwen3_coder", None)

@@ -3,10 +3,12 @@ when a model needs more than one machine."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from serving.planner import PlanSettings, evaluate, get_gpu, plan_for, resolve_model
-from serving.planner.stages import pp_partition, pp_ranges
+from serving.planner.stages import pp_partition, pp_ranges, stage_spec
 from serving.planner.weights import weight_bytes
 
 RTX4090 = get_gpu("rtx-4090")
@@ -94,3 +96,18 @@ def test_pipeline_stages_on_the_cpu_engine_are_a_warning() -> None:
         PlanSettings(pipeline_parallel_size=2, max_model_len=4096),
     )
     assert any("pipeline parallelism fails" in warning for warning in plan.warnings)
+
+
+def test_each_stage_keeps_the_dense_mlp_layers_it_holds() -> None:
+    coder = resolve_model("Qwen3-Coder-30B-A3B-Instruct")
+    assert coder.moe is not None
+    spec = replace(coder, moe=replace(coder.moe, dense_layers=(0, 1, 30)))
+    first, second = stage_spec(spec, 0, 24), stage_spec(spec, 24, 48)
+    assert first.moe is not None and first.moe.dense_layers == (0, 1)
+    assert second.moe is not None and second.moe.dense_layers == (6,)
+    assert (first.sparse_layers, second.sparse_layers) == (22, 23)
+    whole = weight_bytes(spec, 2, dtype_bytes=2, awq_group_size=None).total
+    plan = evaluate(
+        spec, get_gpu("h100"), PlanSettings(tensor_parallel_size=2, pipeline_parallel_size=2)
+    )
+    assert sum(stage.weight_bytes for stage in plan.stages) == whole

@@ -56,6 +56,7 @@ CASES = [
         "h100",
         PlanSettings(max_model_len=65536, quantization="awq", prefix_caching=False),
     ),
+    ("Qwen3-Coder-30B-A3B-Instruct", "h100", PlanSettings(max_model_len=131072)),
 ]
 
 

@@ -2,10 +2,21 @@
 
 from __future__ import annotations
 
-from serving.planner.catalog import QWEN3_8B, QWEN25_7B, QWEN35_9B
+from dataclasses import replace
+
+from serving.planner.catalog import (
+    QWEN3_8B,
+    QWEN3_CODER_30B_A3B,
+    QWEN3_CODER_480B_A35B,
+    QWEN25_7B,
+    QWEN35_9B,
+)
+from serving.planner.models import ModelSpec, MoeSpec
 from serving.planner.weights import (
     awq_linear_bytes,
+    bytes_read_per_token,
     kv_heads_per_gpu,
+    linear_layers,
     param_count,
     weight_bytes,
 )
@@ -77,3 +88,64 @@ def test_kv_heads_replicated_beyond_their_count() -> None:
 def test_qwen35_9b_text_parameters_match_published_8_95b() -> None:
     text = param_count(QWEN35_9B) - QWEN35_9B.vision_params
     assert round(text / 1e9, 2) == 8.95
+
+
+def test_qwen3_coder_30b_a3b_counts_every_expert_as_its_checkpoint_does() -> None:
+    h, layers, vocab, experts, inter = 2048, 48, 151936, 128, 768
+    attention = h * 4096 + 2 * h * 512 + 4096 * h + 2 * 128  # q, k, v, o, q/k norm
+    sparse_mlp = h * experts + experts * 3 * h * inter  # router + every expert's gate/up/down
+    per_layer = attention + sparse_mlp + 2 * h
+    total = layers * per_layer + 2 * vocab * h + h
+    # model.safetensors.index.json of the bf16 checkpoint: total_size 61,064,245,248 bytes.
+    assert param_count(QWEN3_CODER_30B_A3B) == total == 61_064_245_248 // 2
+    assert weight_bytes(QWEN3_CODER_30B_A3B, 1, dtype_bytes=2, awq_group_size=None).total == (
+        61_064_245_248
+    )
+    # The model card: "30.5B in total and 3.3B activated" (one decimal, rounded down).
+    active = param_count(QWEN3_CODER_30B_A3B, active=True)
+    assert active == total - layers * (experts - 8) * 3 * h * inter == 3_353_032_704
+    assert round(total / 1e9, 1) == 30.5 and 3.3e9 <= active < 3.4e9
+
+
+def test_qwen3_coder_480b_a35b_matches_its_card() -> None:
+    # The model card: "480B in total and 35B activated".
+    assert 480e9 <= param_count(QWEN3_CODER_480B_A35B) < 481e9
+    assert 35e9 <= param_count(QWEN3_CODER_480B_A35B, active=True) < 36e9
+    assert param_count(QWEN3_8B, active=True) == param_count(QWEN3_8B)
+
+
+def test_tp_splits_every_expert_and_replicates_the_router() -> None:
+    spec = QWEN3_CODER_30B_A3B
+    one = {layer.name: layer for layer in linear_layers(spec, 1)}
+    four = {layer.name: layer for layer in linear_layers(spec, 4)}
+    assert four["router"] == one["router"]  # GateLinear is replicated
+    assert four["expert_gate_up"].count == one["expert_gate_up"].count == 48 * 128
+    assert four["expert_gate_up"].out_features == one["expert_gate_up"].out_features // 4
+    assert four["expert_down"].in_features == 768 // 4
+    routed_one = weight_bytes(spec, 1, dtype_bytes=2, awq_group_size=None).routed_experts
+    routed_four = weight_bytes(spec, 4, dtype_bytes=2, awq_group_size=None).routed_experts
+    assert routed_four * 4 == routed_one == 48 * 128 * 3 * 2048 * 768 * 2
+
+
+def test_layers_with_a_dense_mlp_hold_no_experts() -> None:
+    assert spec_moe(QWEN3_CODER_30B_A3B).dense_layers == ()
+    spec = replace(
+        QWEN3_CODER_30B_A3B, moe=replace(spec_moe(QWEN3_CODER_30B_A3B), dense_layers=(0, 47))
+    )
+    layers = {layer.name: layer for layer in linear_layers(spec, 2)}
+    assert (spec.sparse_layers, spec.dense_mlp_layers) == (46, 2)
+    assert layers["expert_down"].count == 46 * 128 and layers["router"].count == 46
+    assert layers["gate_up_proj"].count == 2 and layers["gate_up_proj"].out_features == 5472
+    difference = param_count(QWEN3_CODER_30B_A3B) - param_count(spec)
+    assert difference == 2 * (2048 * 128 + 128 * 3 * 2048 * 768 - 3 * 2048 * 5472)
+
+
+def test_decode_reads_only_the_selected_experts() -> None:
+    weights = weight_bytes(QWEN3_CODER_30B_A3B, 1, dtype_bytes=2, awq_group_size=None)
+    read = bytes_read_per_token(QWEN3_CODER_30B_A3B, weights)
+    assert read == 2 * param_count(QWEN3_CODER_30B_A3B, active=True)
+
+
+def spec_moe(spec: ModelSpec) -> MoeSpec:
+    assert spec.moe is not None
+    return spec.moe
