@@ -92,6 +92,7 @@ class GatewayApp:
         self.playground = gateway.playground
         self.proxy = gateway.proxy
         self.completions = gateway.completions
+        self.batches = gateway.batches
         self.health = gateway.health
         self.readiness = gateway.readiness
         self.lifespan = gateway.lifespan
@@ -185,6 +186,15 @@ class GatewayApp:
             route = self.routes.lookup(method, path, opt_in=self._opt_in)
             caller = self.authenticator.authenticate(authorization)
             record.key = caller.key_id
+            if route.metering == "batches":  # its uploads are streamed, not read here
+                if self.batches is None:
+                    raise RouteNotFoundError(f"Invalid URL ({method} {path})")
+                record.status = 200  # its errors are recorded by `_answer`
+                await self.batches.api.serve(
+                    caller, method, path, scope["query_string"], scope["headers"], receive,
+                    send, rid,
+                )  # fmt: skip
+                return
             if route.metered is not None and worth_precheck(content_length):
                 # a key at its concurrency or requests/min limit costs no large body's read
                 refusal = await self.quota.precheck(caller)

@@ -17,13 +17,22 @@ registry (off the event loop).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from serving.gateway.adapters.install import install_adapters
 from serving.gateway.admin.api import AdminApi
-from serving.gateway.auth import Authenticator, KeyStoreAuthenticator, StaticKeyAuthenticator
+from serving.gateway.auth import (
+    DEV_KEY_ID,
+    Authenticator,
+    Caller,
+    KeyStoreAuthenticator,
+    StaticKeyAuthenticator,
+)
+from serving.gateway.batches.install import Batches, install_batches
+from serving.gateway.batches.owners import caller_in_stores
 from serving.gateway.catalog import ModelCatalog
 from serving.gateway.completions import Completions
 from serving.gateway.fair_queue import FairQueue
@@ -32,7 +41,7 @@ from serving.gateway.images import ImagePolicy
 from serving.gateway.keys import FileKeyStore, KeyStore, SqliteKeyStore
 from serving.gateway.keys.redis_refresh import RedisKeyRefresh
 from serving.gateway.lifespan import Lifespan
-from serving.gateway.metrics import GatewayMetrics
+from serving.gateway.metrics import GatewayMetrics, RequestRecord
 from serving.gateway.metrics_listener import MetricsListener
 from serving.gateway.periodic import Periodic
 from serving.gateway.playground import Playground
@@ -66,6 +75,13 @@ class KeyStores:
     keys_file: FileKeyStore | None = None
     # The keys kept in Redis: loaded at startup and refreshed by the lifespan.
     key_refresh: RedisKeyRefresh | None = None
+    stores: tuple[KeyStore, ...] = ()
+    dev_ids: tuple[str, ...] = ()
+    """The development keys' public ids."""
+
+    def caller_of(self, key_id: str) -> Caller | None:
+        """The active key of public id `key_id` (a batch's owner, found again)."""
+        return caller_in_stores(self.stores, self.dev_ids, key_id)
 
     def keys_file_up(self) -> bool:
         """Re-read the keys file if it changed; whether it parses (True when there is none).
@@ -103,7 +119,9 @@ def open_key_stores(settings: GatewaySettings, closers: Closers) -> KeyStores:
     dev = StaticKeyAuthenticator(settings.api_key_digests) if settings.api_key_digests else None
     authenticator = KeyStoreAuthenticator(stores, dev=dev)
     closers.append(authenticator.close)
-    return KeyStores(authenticator, keys_file, key_refresh)
+    count = len(settings.api_key_digests)
+    dev_ids = tuple(DEV_KEY_ID if index == 0 else f"{DEV_KEY_ID}-{index}" for index in range(count))
+    return KeyStores(authenticator, keys_file, key_refresh, tuple(stores), dev_ids)
 
 
 @dataclass(frozen=True)
@@ -181,6 +199,7 @@ class Gateway:
     playground: Playground
     proxy: Proxy
     completions: Completions
+    batches: Batches | None
     health: HealthMonitor
     readiness: Readiness
     lifespan: Lifespan
@@ -256,6 +275,21 @@ def assemble(
     )
     health = HealthMonitor(router, catalog, metrics, interval_s=settings.health_interval_s)
 
+    def observe(record: RequestRecord) -> None:
+        """A batch line's record, counted as the app counts an interactive request's."""
+        metrics.observe(record, time.perf_counter())
+        usage.record(record)
+
+    batches = install_batches(
+        settings,
+        completions,
+        catalog,
+        find_owner=None if authenticator else keys.caller_of,  # a test's: callers as seen
+        observe=observe,
+    )
+    if batches is not None:
+        async_closers.append(batches.close)
+
     async def upkeep_leases() -> None:
         if shared is not None:
             await shared.check()
@@ -273,6 +307,7 @@ def assemble(
         key_refresh=keys.key_refresh,
         shared_quota=shared,
         metrics_listener=metrics_listener,
+        batch_runner=batches.runner if batches is not None else None,
         async_closers=async_closers,
         closers=closers,
     )
@@ -288,6 +323,7 @@ def assemble(
         playground=Playground.load(),
         proxy=proxy,
         completions=completions,
+        batches=batches,
         health=health,
         readiness=Readiness(health, keys, shared),
         lifespan=lifespan,

@@ -17,6 +17,9 @@ Rules:
   active the counters restart from zero; within a key, the oldest request goes first;
 - a request waits at most `timeout_s` (`QueueTimeout`) and leaves at once when its client
   goes away; with a slot free and nothing waiting, `turn` does not suspend;
+- the lowest class (`lowest_class()`: Batch API lines) waits behind every other request: a
+  waiter of it is served only while no other waiter could take a free slot (each one left is
+  held back by its own key's share), and it never starts at once while anything waits;
 - with replicas sharing the slots (`share`, kept by `shared_slots.SharedSlots`), this queue
   runs at most its part of them, and a key at most its share here.
 """
@@ -24,14 +27,35 @@ Rules:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 
 from serving.gateway.errors import ClientGone
 from serving.gateway.failures import GatewayException
 from serving.gateway.metrics import DURATION_BUCKETS, Histogram
+
+# Set for the task that runs a request of the lowest class: the caller (`Completions`) is
+# the same code for every request, so the class travels with the task, not as an argument.
+_LOWEST: ContextVar[bool] = ContextVar("lowest_class", default=False)
+
+
+@contextlib.contextmanager
+def lowest_class() -> Iterator[None]:
+    """The requests started inside wait in the lowest class (`FairQueue` rules)."""
+    token = _LOWEST.set(True)
+    try:
+        yield
+    finally:
+        _LOWEST.reset(token)
+
+
+def in_lowest_class() -> bool:
+    """Whether the running task asks for turns in the lowest class."""
+    return _LOWEST.get()
 
 
 class QueueTimeout(GatewayException):
@@ -58,6 +82,7 @@ class _Waiter:
     seats: int
     since: float
     future: asyncio.Future[Turn]
+    lowest: bool = False
 
 
 @dataclass(slots=True)
@@ -99,7 +124,10 @@ class FairQueue:
         self._weights: dict[str, float] = {}
         """The weight of each key's latest request started (for `demand`)."""
         self._waiting: dict[str, deque[_Waiter]] = {}
+        self._lowest: dict[str, deque[_Waiter]] = {}
+        """The lowest class's waiters, per key, apart: served when `_waiting` is empty."""
         self._waiting_total = 0
+        """Waiters of every class."""
         self._virtual: dict[str, float] = {}
         self.stats: dict[str, KeyQueueStats] = {}
 
@@ -128,7 +156,7 @@ class FairQueue:
         replicas share by)."""
         seats = dict(self._running)
         weights = {key: self._weights.get(key, 1.0) for key in seats}
-        for key, queue in self._waiting.items():
+        for key, queue in (*self._lowest.items(), *self._waiting.items()):
             seats[key] = seats.get(key, 0) + sum(waiter.seats for waiter in queue)
             weights[key] = queue[0].weight
         return {
@@ -145,8 +173,7 @@ class FairQueue:
         """Requests waiting now (of `key`, or in all)."""
         if key is None:
             return self._waiting_total
-        queue = self._waiting.get(key)
-        return len(queue) if queue else 0
+        return sum(len(waiters.get(key, ())) for waiters in (self._waiting, self._lowest))
 
     def running_of(self, key: str) -> int:
         return self._running.get(key, 0)
@@ -194,8 +221,9 @@ class FairQueue:
         self._stats(key)  # its waiting count shows from now on
         now = self._clock()
         future = asyncio.get_running_loop().create_future()
-        waiter = _Waiter(key, weight, cost, seats, now, future)
-        self._waiting.setdefault(key, deque()).append(waiter)
+        lowest = in_lowest_class()
+        waiter = _Waiter(key, weight, cost, seats, now, future, lowest)
+        (self._lowest if lowest else self._waiting).setdefault(key, deque()).append(waiter)
         self._waiting_total += 1
         self._dispatch()
         if not waiter.future.done():
@@ -248,18 +276,19 @@ class FairQueue:
                 self.release(waiter.future.result(), served=0)
             return
         waiter.future.cancel()
-        queue = self._waiting[waiter.key]
+        waiters = self._lowest if waiter.lowest else self._waiting
+        queue = waiters[waiter.key]
         queue.remove(waiter)
         self._waiting_total -= 1
         if not queue:
-            del self._waiting[waiter.key]
+            del waiters[waiter.key]
 
     def _activate(self, key: str) -> None:
         """A key that had nothing waiting or running starts no lower than the lowest
         active key: idle time earns no credit."""
-        if key in self._running or key in self._waiting:
+        if key in self._running or key in self._waiting or key in self._lowest:
             return
-        active = [self._virtual[k] for k in (*self._running, *self._waiting)]
+        active = [self._virtual[k] for k in (*self._running, *self._waiting, *self._lowest)]
         if not active:  # a new busy period: what was served before it no longer counts
             self._virtual.clear()
             self._virtual[key] = 0.0
@@ -276,28 +305,46 @@ class FairQueue:
 
     def _dispatch(self) -> None:
         while self._waiting_total and self.running < self.slots:
-            best: deque[_Waiter] | None = None
-            best_order = (0.0, 0, 0.0)
             free = self.slots - self.running
-            for key, queue in self._waiting.items():
-                running = self._running.get(key, 0)
-                seats = queue[0].seats
-                if seats > free or running + seats > self._cap(key):
-                    continue
-                # fewest weighted tokens; on a tie (a key just lifted to another's counter)
-                # the key running fewer requests, then the oldest request
-                order = (self._virtual[key], running, queue[0].since)
-                if best is None or order < best_order:
-                    best, best_order = queue, order
+            waiters = self._waiting
+            best, starved = self._best(waiters, free)
+            if best is None and not starved:
+                # The lowest class: no other waiter could take a free slot now (each is held
+                # back by its own key's share, which only its key's ending requests free).
+                waiters = self._lowest
+                best, _ = self._best(waiters, free)
             if best is None:
                 return  # no waiting key fits (its share is held, or too few slots are free)
             waiter = best.popleft()
             self._waiting_total -= 1
             if not best:
-                del self._waiting[waiter.key]
+                del waiters[waiter.key]
             waited = self._clock() - waiter.since
             turn = self._start(waiter.key, waiter.weight, waiter.cost, waiter.seats, waited)
             waiter.future.set_result(turn)
+
+    def _best(
+        self, waiters: dict[str, deque[_Waiter]], free: int
+    ) -> tuple[deque[_Waiter] | None, bool]:
+        """The queue of `waiters` whose head goes next, and whether a head waits for more
+        free slots than there are (the lowest class must not take them from it)."""
+        best: deque[_Waiter] | None = None
+        best_order = (0.0, 0, 0.0)
+        starved = False
+        for key, queue in waiters.items():
+            running = self._running.get(key, 0)
+            seats = queue[0].seats
+            if running + seats > self._cap(key):
+                continue
+            if seats > free:
+                starved = True
+                continue
+            # fewest weighted tokens; on a tie (a key just lifted to another's counter)
+            # the key running fewer requests, then the oldest request
+            order = (self._virtual[key], running, queue[0].since)
+            if best is None or order < best_order:
+                best, best_order = queue, order
+        return best, starved
 
     def _stats(self, key: str) -> KeyQueueStats:
         stats = self.stats.get(key)

@@ -8,10 +8,11 @@ Startup, in order: the keys kept in Redis (a failure is not fatal: the refresh r
 trying, and /readyz fails until they load), each engine's client, one health check (the model
 list and health before traffic), one round of the runtime adapters (`adapters.sync`; a store
 that does not answer is not fatal either), the shared quota store's probe (down is not fatal: its
-failure policy holds), the metrics port; then the background jobs start. Shutdown stops the
-jobs, closes the engines' clients and the metrics port, gives lease endings that waited for
-Redis a last chance, and closes the stores (off the event loop: draining the budget journal
-may wait). A startup step that raises fails the startup with its message.
+failure policy holds), the metrics port; then the background jobs start (the Batch API's
+runner last). Shutdown stops the jobs (the runner first), closes the engines' clients and
+the metrics port, gives lease endings that waited for Redis a last chance, and closes the
+stores (off the event loop: draining the budget journal may wait). A startup step that
+raises fails the startup with its message.
 """
 
 from __future__ import annotations
@@ -44,6 +45,14 @@ class BackgroundJob(Protocol):
     async def stop(self) -> None: ...
 
 
+class Runner(Protocol):
+    """The Batch API's runner (`batches.runner.BatchRunner`), as the lifespan runs it."""
+
+    def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
 @dataclass(frozen=True, kw_only=True)
 class Lifespan:
     fleet: Fleet
@@ -55,6 +64,8 @@ class Lifespan:
     key_refresh: RedisKeyRefresh | None
     shared_quota: GuardedQuotaStore | None
     metrics_listener: MetricsListener | None
+    batch_runner: Runner | None
+    """The Batch API's lines (`batches.runner`): started with the other jobs, stopped first."""
     # Run last at shutdown, in this order: the async ones, then the others off the event loop.
     async_closers: Sequence[Callable[[], Awaitable[None]]]
     closers: Sequence[Callable[[], None]]
@@ -96,8 +107,12 @@ class Lifespan:
         self.adapters.start()
         if self.key_refresh is not None:
             self.key_refresh.start()
+        if self.batch_runner is not None:
+            self.batch_runner.start()
 
     async def _stop(self) -> None:
+        if self.batch_runner is not None:  # lines cut here run again after a restart
+            await self.batch_runner.stop()
         await self.health.stop()
         await self.lease_upkeep.stop()
         if self.slot_sync is not None:

@@ -29,7 +29,7 @@ from serving.gateway.request_fields import Kind
 
 Metering = Literal[
     "chat", "completion", "responses", "messages", "embeddings", "score", "rerank", "free",
-    "models", "health",
+    "models", "health", "batches",
 ]  # fmt: skip
 OptIn = Literal["tokenize"]
 HEALTH_PATH = "/health"
@@ -37,6 +37,8 @@ TOKENIZE_PATH = "/tokenize"
 MESSAGES_PATH = "/v1/messages"
 COUNT_TOKENS_PATH = "/v1/messages/count_tokens"
 _MESSAGES_PREFIX = MESSAGES_PATH + "/"
+FILES_PATH = "/v1/files"
+BATCHES_PATH = "/v1/batches"
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +54,12 @@ class Route:
     def metered(self) -> Kind | None:
         """The kind of body the route reserves for; None for a free route."""
         metering = self.metering
-        if metering == "free" or metering == "models" or metering == "health":
+        if (
+            metering == "free"
+            or metering == "models"
+            or metering == "health"
+            or metering == "batches"
+        ):
             return None
         return metering
 
@@ -73,6 +80,10 @@ _TABLE: tuple[Route, ...] = (
     # Answered by the gateway from every engine's list, filtered to what the key may use.
     Route("/v1/models", ("GET",), "models"),
     Route(HEALTH_PATH, ("GET", "HEAD"), "health"),
+    # Answered by the gateway (`batches`): each key's files and batches, and the paths below
+    # them (`/v1/files/{id}/content`, `/v1/batches/{id}/cancel`); the lines run metered.
+    Route(FILES_PATH, ("GET", "POST", "DELETE"), "batches"),
+    Route(BATCHES_PATH, ("GET", "POST"), "batches"),
     # Free: no generation, and the chat form is checked like a chat body (media, fields).
     Route(TOKENIZE_PATH, ("POST",), "free", opt_in="tokenize"),
     Route("/detokenize", ("POST",), "free", opt_in="tokenize"),
@@ -162,6 +173,10 @@ class RouteTable:
         route = self._routes.get(path)
         if route is None and path.endswith("/"):
             route = self._routes.get(path[:-1])
+        if route is None:
+            family = self._routes.get("/".join(path.split("/", 3)[:3]))
+            if family is not None and family.metering == "batches":
+                return family  # the Batch API checks the methods of the paths below it
         if route is not None and (route.opt_in is None or route.opt_in in opt_in):
             if method in route.methods:
                 return route

@@ -49,11 +49,14 @@ from serving.errors import ServingError
 from serving.gateway.addresses import DNS_PREFIX, check_upstream, parse_nameserver
 from serving.gateway.quota.engine import DEFAULT_LEASE_TTL, DEFAULT_MAX_TOKENS
 from serving.gateway.quota.redis_store import DEFAULT_TIMEOUT_S
+from serving.gateway.setting_names import ENV_PREFIX as ENV_PREFIX
+from serving.gateway.setting_names import env_name as env_name
+from serving.gateway.setting_names import flag_name as flag_name
+from serving.gateway.setting_names import settings_error
 from serving.gateway.usage_ledger.days import DEFAULT_RETENTION_DAYS
 from serving.ports import GATEWAY_PORT
 from serving.vllm_limits import DEFAULT_STREAM_INTERVAL
 
-ENV_PREFIX = "SERVING_GATEWAY_"
 API_KEY_ENV = "SERVING_API_KEY"
 ADMIN_KEY_ENV = "SERVING_ADMIN_KEY"
 REDIS_SCHEMES = ("redis", "rediss", "unix")
@@ -254,6 +257,17 @@ class GatewaySettings(BaseSettings):
     usage_retention_days: int = Field(default=DEFAULT_RETENTION_DAYS, ge=1, le=36_600)
     """Days the tokens of each key, model and day are kept for usage reports (in keys.db,
     or in Redis with --redis-url); older days are pruned."""
+    batch_db: NonEmpty | None = None
+    """The Batch API's SQLite file (files and batches of each key). Unset: batches.db beside
+    keys.db; with neither, the Batch API is not served (404)."""
+    batch_files_dir: NonEmpty | None = None
+    """Where uploaded and output files' contents are kept. Unset: batch-files beside batch_db."""
+    max_batch_file_bytes: int = Field(default=200 * 1000 * 1000, ge=1)
+    """Largest file `POST /v1/files` takes (OpenAI's 200 MB for batch input); larger: 413."""
+    max_batch_lines: int = Field(default=50_000, ge=1)
+    """Most request lines a batch's input file may hold (OpenAI's 50,000)."""
+    batch_concurrency: int = Field(default=4, ge=1)
+    """Lines of one batch in flight at once; each still waits behind every interactive request."""
 
     @field_validator("upstream")
     @classmethod
@@ -376,7 +390,7 @@ class GatewaySettings(BaseSettings):
             # in the environment.
             BaseModel.__init__(settings, **values)
         except ValidationError as exc:
-            raise settings_error(exc) from exc
+            raise settings_error(exc, cls.model_fields) from exc
         return settings
 
     @classmethod
@@ -399,7 +413,7 @@ class GatewaySettings(BaseSettings):
         try:
             return cls(**options)
         except ValidationError as exc:
-            raise settings_error(exc) from exc
+            raise settings_error(exc, cls.model_fields) from exc
         except SettingsError as exc:
             raise ServingError(f"gateway settings: {exc}") from exc
 
@@ -448,14 +462,6 @@ def flag_aliases() -> dict[str, list[str]]:
     return aliases
 
 
-def flag_name(field: str) -> str:
-    return "--" + field.replace("_", "-")
-
-
-def env_name(field: str) -> str:
-    return ENV_PREFIX + field.upper()
-
-
 def split_dev_keys(text: str, *, where: str = API_KEY_ENV) -> list[str]:
     """The keys in a `SERVING_API_KEY` (or `SERVING_ADMIN_KEY`) value: comma-separated, blanks
     ignored."""
@@ -474,26 +480,3 @@ def hash_keys(keys: Iterable[str]) -> tuple[str, ...]:
     from serving.gateway.keys.credentials import hash_secret
 
     return tuple(hash_secret(check_key(key)) for key in keys)
-
-
-def settings_error(exc: ValidationError) -> ServingError:
-    """One line naming each bad field, its value, and where it can be set."""
-    problems = []
-    fields = GatewaySettings.model_fields
-    for error in exc.errors(include_url=False):
-        name = str(error["loc"][0]) if error["loc"] else ""
-        # a validator's own ValueError, without pydantic's "Value error, " in front
-        reason = str(error["ctx"]["error"]) if error["type"] == "value_error" else error["msg"]
-        if not name:
-            problems.append(reason)
-        elif name not in fields:
-            problems.append(f"{name}: not a gateway setting")
-        elif error["type"] == "missing":
-            problems.append(f"{name}: required ({flag_name(name)} or {env_name(name)})")
-        else:
-            # Fields kept out of the repr (keys, a Redis URL's password) stay out of errors.
-            shown = repr(error["input"]) if fields[name].repr else "(hidden)"
-            problems.append(
-                f"{name}: {shown} is not valid: {reason} ({flag_name(name)} or {env_name(name)})"
-            )
-    return ServingError("; ".join(problems))

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from serving.gateway.errors import ClientGone
-from serving.gateway.fair_queue import FairQueue, QueueTimeout, Turn
+from serving.gateway.fair_queue import FairQueue, QueueTimeout, Turn, lowest_class
 
 
 def run(scenario: object) -> None:
@@ -259,3 +259,102 @@ def test_resizing_shared_slots_keeps_this_replica_s_part_until_the_next_round() 
     queue.share(5, {})
     queue.resize(32)  # an engine joined
     assert (queue.engine_slots, queue.slots, queue.per_key) == (32, 5, 31)
+
+
+async def lowest_turn(queue: FairQueue, key: str) -> Turn:
+    """A turn asked for in the lowest class (a Batch API line)."""
+    with lowest_class():
+        return await queue.turn(key, cost=100)
+
+
+def test_the_lowest_class_runs_when_nothing_else_waits() -> None:
+    async def scenario() -> None:
+        queue = FairQueue(2, reserved=0, timeout_s=5)
+        first = await asyncio.wait_for(lowest_turn(queue, "batch"), 1)
+        assert first.waited_s == 0.0 and queue.running_of("batch") == 1
+        queue.release(first)
+
+    run(scenario())
+
+
+def test_a_lowest_class_waiter_yields_to_every_other_waiter() -> None:
+    async def scenario() -> None:
+        queue = FairQueue(1, reserved=0, timeout_s=5)
+        held = await started(queue, "interactive")
+        batch = asyncio.create_task(lowest_turn(queue, "batch"))
+        await asyncio.sleep(0.01)
+        # The batch key has served nothing, so VTC alone would pick it first.
+        later = asyncio.create_task(queue.turn("interactive", cost=100))
+        await asyncio.sleep(0.01)
+        assert queue.waiting() == 2 and queue.waiting("batch") == 1
+        queue.release(held)
+        interactive = await asyncio.wait_for(later, 1)
+        assert not batch.done()
+        queue.release(interactive)
+        assert (await asyncio.wait_for(batch, 1)).key == "batch"
+        queue.release(batch.result())
+        assert queue.running == 0 and queue.waiting() == 0
+
+    run(scenario())
+
+
+def test_the_lowest_class_never_starts_at_once_while_others_wait() -> None:
+    async def scenario() -> None:
+        queue = FairQueue(2, reserved=1, timeout_s=5)
+        held = await started(queue, "a")
+        waiting = asyncio.create_task(queue.turn("a", cost=100))  # a's share is held
+        await asyncio.sleep(0.01)
+        assert queue.waiting("a") == 1
+        with lowest_class():
+            assert queue.try_turn("batch", cost=100) is None  # a slot is free, yet it waits
+        queue.release(held)
+        queue.release(await asyncio.wait_for(waiting, 1))
+
+    run(scenario())
+
+
+def test_a_lowest_class_waiter_times_out_and_leaves_nothing_behind() -> None:
+    async def scenario() -> None:
+        queue = FairQueue(1, reserved=0, timeout_s=0.05)
+        held = await started(queue, "interactive")
+        with pytest.raises(QueueTimeout):
+            await lowest_turn(queue, "batch")
+        assert queue.waiting() == 0 and queue.demand() == {"interactive": (1, 1, 1.0)}
+        queue.release(held)
+
+    run(scenario())
+
+
+def test_the_lowest_class_takes_a_slot_no_waiter_could_take() -> None:
+    async def scenario() -> None:
+        queue = FairQueue(3, reserved=1, timeout_s=5)
+        held = [await started(queue, "a") for _ in range(2)]
+        capped = asyncio.create_task(queue.turn("a", cost=100))  # a's share is held
+        batch = asyncio.create_task(lowest_turn(queue, "batch"))
+        line = await asyncio.wait_for(batch, 1)  # the free slot was a's to take, never
+        assert not capped.done() and queue.running_of("batch") == 1
+        queue.release(held[0])
+        assert (await asyncio.wait_for(capped, 1)).key == "a"
+        for turn in (held[1], capped.result(), line):
+            queue.release(turn)
+        assert queue.running == 0 and queue.waiting() == 0
+
+    run(scenario())
+
+
+def test_the_lowest_class_leaves_free_slots_to_a_wider_waiter() -> None:
+    async def scenario() -> None:
+        queue = FairQueue(3, reserved=0, timeout_s=5)
+        held = [await started(queue, "a") for _ in range(2)]
+        wide = asyncio.create_task(queue.turn("b", cost=100, seats=2))  # 1 slot free of 2
+        batch = asyncio.create_task(lowest_turn(queue, "batch"))
+        await asyncio.sleep(0.01)
+        assert not wide.done() and not batch.done()  # the free slot is kept for b
+        queue.release(held[0])
+        assert (await asyncio.wait_for(wide, 1)).seats == 2 and not batch.done()
+        queue.release(held[1])
+        assert (await asyncio.wait_for(batch, 1)).key == "batch"
+        for turn in (wide.result(), batch.result()):
+            queue.release(turn)
+
+    run(scenario())

@@ -41,6 +41,11 @@ def refused(method: str, path: str, opt_in: frozenset[str] = frozenset()) -> Gat
         ("GET", "/v1/models", "models", "/v1/models"),
         ("GET", "/health", "health", "/health"),
         ("HEAD", "/health", "health", "/health"),
+        ("POST", "/v1/files", "batches", "/v1/files"),
+        ("GET", "/v1/files/file-abc/content", "batches", "/v1/files"),
+        ("DELETE", "/v1/files/file-abc", "batches", "/v1/files"),
+        ("GET", "/v1/batches", "batches", "/v1/batches"),
+        ("POST", "/v1/batches/batch_abc/cancel", "batches", "/v1/batches"),
     ],
 )
 def test_served_routes(method: str, path: str, metering: str, canonical: str) -> None:
@@ -112,7 +117,10 @@ def test_stored_responses_and_variants_are_refused(path: str) -> None:
     assert refused("GET", path).http_status == 403
 
 
-@pytest.mark.parametrize("path", ["/v1/nothing", "/v2/models", "/", "/tokenizer", "/v1/chat"])
+@pytest.mark.parametrize(
+    "path",
+    ["/v1/nothing", "/v2/models", "/", "/tokenizer", "/v1/chat", "/v1/filesx", "/v2/files/x"],
+)
 def test_unknown_paths_are_404s(path: str) -> None:
     assert isinstance(refused("POST", path), RouteNotFoundError)
 

@@ -1,0 +1,242 @@
+"""The Batch API's state in one SQLite file (beside keys.db): each key's files, its
+batches, and every finished line's result, written as the line finishes so a restarted
+gateway runs only the lines still missing.
+
+    store = BatchStore(Path("var/batches.db"))
+    store.add_file(row); store.get_file(key_id, file_id)   # None for another key's id
+    store.add_result(batch_id, line, custom_id, ok=True, text=output_line)
+
+Rules: every read of a file or batch names its owner's key id, so another key's id is
+answered exactly as a missing one; lists are newest first by insertion order; calls are
+serialised by one lock (the gateway calls them from the event loop and worker threads).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+from typing import Any
+
+from serving.gateway.batches.objects import TIMESTAMPS, BatchRow, FileRow
+from serving.gateway.quota.sqlite_db import connect_wal
+
+_SCHEMA = (
+    """CREATE TABLE IF NOT EXISTS batch_files (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    id TEXT NOT NULL UNIQUE,
+    key_id TEXT NOT NULL,
+    filename TEXT NOT NULL,
+    purpose TEXT NOT NULL,
+    bytes INTEGER NOT NULL,
+    created_at INTEGER NOT NULL,
+    expires_at INTEGER
+)""",
+    """CREATE TABLE IF NOT EXISTS batches (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    id TEXT NOT NULL UNIQUE,
+    key_id TEXT NOT NULL,
+    status TEXT NOT NULL,
+    state TEXT NOT NULL  -- JSON: the rest of the BatchRow
+)""",
+    """CREATE TABLE IF NOT EXISTS batch_results (
+    batch_id TEXT NOT NULL,
+    line INTEGER NOT NULL,
+    custom_id TEXT NOT NULL,
+    ok INTEGER NOT NULL,
+    text TEXT NOT NULL,
+    PRIMARY KEY (batch_id, line)
+)""",
+)
+_FILE_COLUMNS = "id, key_id, filename, purpose, bytes, created_at, expires_at"
+_ENDED = "('completed', 'failed', 'expired', 'cancelled')"
+
+
+class BatchStore:
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._conn = connect_wal(path)
+        self._lock = threading.Lock()
+        with self._lock:
+            for statement in _SCHEMA:
+                self._conn.execute(statement)
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    # files
+
+    def add_file(self, row: FileRow) -> None:
+        with self._lock:
+            self._conn.execute(
+                f"INSERT INTO batch_files ({_FILE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (row.id, row.key_id, row.filename, row.purpose, row.bytes, row.created_at,
+                 row.expires_at),
+            )  # fmt: skip
+
+    def get_file(self, key_id: str, file_id: str) -> FileRow | None:
+        with self._lock:
+            found = self._conn.execute(
+                f"SELECT {_FILE_COLUMNS} FROM batch_files WHERE id = ? AND key_id = ?",
+                (file_id, key_id),
+            ).fetchone()
+        return None if found is None else FileRow(*found)
+
+    def list_files(
+        self, key_id: str, *, limit: int, after: str | None, ascending: bool, purpose: str | None
+    ) -> list[FileRow]:
+        """Up to `limit` of the key's files after the file `after` in the order asked for."""
+        where, params = self._page("batch_files", key_id, after, ascending)
+        if purpose is not None:
+            where += " AND purpose = ?"
+            params.append(purpose)
+        order = "ASC" if ascending else "DESC"
+        with self._lock:
+            rows = self._conn.execute(
+                f"SELECT {_FILE_COLUMNS} FROM batch_files WHERE {where} ORDER BY seq {order} "
+                "LIMIT ?",
+                (*params, limit),
+            ).fetchall()
+        return [FileRow(*row) for row in rows]
+
+    def delete_file(self, key_id: str, file_id: str) -> bool:
+        with self._lock:
+            cursor = self._conn.execute(
+                "DELETE FROM batch_files WHERE id = ? AND key_id = ?", (file_id, key_id)
+            )
+        return cursor.rowcount > 0
+
+    def expired_files(self, now: int) -> list[FileRow]:
+        with self._lock:
+            rows = self._conn.execute(
+                f"SELECT {_FILE_COLUMNS} FROM batch_files WHERE expires_at <= ?", (now,)
+            ).fetchall()
+        return [FileRow(*row) for row in rows]
+
+    # batches
+
+    def add_batch(self, row: BatchRow) -> None:
+        with self._lock:
+            self._conn.execute(
+                "INSERT INTO batches (id, key_id, status, state) VALUES (?, ?, ?, ?)",
+                (row.id, row.key_id, row.status, _state(row)),
+            )
+
+    def save_batch(self, row: BatchRow, expected: str) -> bool:
+        """Write `row` if the batch's status is still `expected` (else another writer, the
+        API's cancel, changed it first: False, nothing written)."""
+        with self._lock:
+            cursor = self._conn.execute(
+                "UPDATE batches SET status = ?, state = ? WHERE id = ? AND status = ?",
+                (row.status, _state(row), row.id, expected),
+            )
+        return cursor.rowcount > 0
+
+    def batch_status(self, batch_id: str) -> str | None:
+        with self._lock:
+            found = self._conn.execute(
+                "SELECT status FROM batches WHERE id = ?", (batch_id,)
+            ).fetchone()
+        return None if found is None else str(found[0])
+
+    def get_batch(self, key_id: str, batch_id: str) -> BatchRow | None:
+        with self._lock:
+            found = self._conn.execute(
+                "SELECT id, key_id, status, state FROM batches WHERE id = ? AND key_id = ?",
+                (batch_id, key_id),
+            ).fetchone()
+        return None if found is None else _batch(found)
+
+    def list_batches(self, key_id: str, *, limit: int, after: str | None) -> list[BatchRow]:
+        where, params = self._page("batches", key_id, after, ascending=False)
+        with self._lock:
+            rows = self._conn.execute(
+                f"SELECT id, key_id, status, state FROM batches WHERE {where} "
+                "ORDER BY seq DESC LIMIT ?",
+                (*params, limit),
+            ).fetchall()
+        return [_batch(row) for row in rows]
+
+    def unfinished_batches(self) -> list[BatchRow]:
+        """Every batch not ended yet, oldest first (the runner's work)."""
+        with self._lock:
+            rows = self._conn.execute(
+                f"SELECT id, key_id, status, state FROM batches WHERE status NOT IN {_ENDED} "
+                "ORDER BY seq"
+            ).fetchall()
+        return [_batch(row) for row in rows]
+
+    # results
+
+    def add_result(self, batch_id: str, line: int, custom_id: str, *, ok: bool, text: str) -> None:
+        """A finished line's output (or error) line; the first one recorded stays."""
+        with self._lock:
+            self._conn.execute(
+                "INSERT OR IGNORE INTO batch_results VALUES (?, ?, ?, ?, ?)",
+                (batch_id, line, custom_id, int(ok), text),
+            )
+
+    def done_lines(self, batch_id: str) -> set[int]:
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT line FROM batch_results WHERE batch_id = ?", (batch_id,)
+            ).fetchall()
+        return {line for (line,) in rows}
+
+    def result_counts(self, batch_id: str) -> tuple[int, int]:
+        """Lines finished with a 2xx, and with anything else."""
+        with self._lock:
+            ok, total = self._conn.execute(
+                "SELECT COALESCE(SUM(ok), 0), COUNT(*) FROM batch_results WHERE batch_id = ?",
+                (batch_id,),
+            ).fetchone()
+        return int(ok), int(total) - int(ok)
+
+    def results(self, batch_id: str) -> list[tuple[int, bool, str]]:
+        """(line, ok, text) of each finished line, in input order."""
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT line, ok, text FROM batch_results WHERE batch_id = ? ORDER BY line",
+                (batch_id,),
+            ).fetchall()
+        return [(line, bool(ok), text) for line, ok, text in rows]
+
+    def _page(
+        self, table: str, key_id: str, after: str | None, ascending: bool
+    ) -> tuple[str, list[Any]]:
+        where, params = "key_id = ?", [key_id]
+        if after is not None:
+            where += f" AND seq {'>' if ascending else '<'} "
+            where += f"COALESCE((SELECT seq FROM {table} WHERE id = ? AND key_id = ?), -1)"
+            params += [after, key_id]
+        return where, params
+
+
+def _state(row: BatchRow) -> str:
+    return json.dumps(
+        {
+            "endpoint": row.endpoint,
+            "input_file_id": row.input_file_id,
+            "created_at": row.created_at,
+            "expires_at": row.expires_at,
+            "metadata": row.metadata,
+            "times": row.times,
+            "counts": [row.total, row.completed, row.failed],
+            "output_file_id": row.output_file_id,
+            "error_file_id": row.error_file_id,
+            "errors": row.errors,
+        }
+    )
+
+
+def _batch(found: tuple[str, str, Any, str]) -> BatchRow:
+    batch_id, key_id, status, text = found
+    state = json.loads(text)
+    total, completed, failed = state["counts"]
+    times = {name: value for name, value in state["times"].items() if name in TIMESTAMPS}
+    return BatchRow(
+        batch_id, key_id, state["endpoint"], state["input_file_id"], state["created_at"],
+        state["expires_at"], status, state["metadata"], times, total, completed, failed,
+        state["output_file_id"], state["error_file_id"], state["errors"],
+    )  # fmt: skip

@@ -1,0 +1,107 @@
+"""What the Batch API's tests share: a store and contents in a temporary directory, a
+clock the test moves, input files, and a fake line executor."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from serving.gateway.auth import Caller, Principal
+from serving.gateway.batches.contents import FileContents
+from serving.gateway.batches.line_call import LineResult
+from serving.gateway.batches.objects import FileRow, new_id
+from serving.gateway.batches.owners import Owners
+from serving.gateway.batches.runner import BatchRunner
+from serving.gateway.batches.store import BatchStore
+from serving.gateway.batches.validation import BodyCheck
+from serving.gateway.request_fields import Kind
+
+CHAT = "/v1/chat/completions"
+
+
+class Clock:
+    def __init__(self, now: float = 1_800_000_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def line(custom_id: str, content: str | None = None, *, url: str = CHAT, model: str = "m") -> bytes:
+    """A chat line whose message is `content` (default: its custom_id)."""
+    message = {"role": "user", "content": content or custom_id}
+    body = {"model": model, "messages": [message], "max_tokens": 4}
+    item = {"custom_id": custom_id, "method": "POST", "url": url, "body": body}
+    return json.dumps(item).encode()
+
+
+def jsonl(*lines: bytes) -> bytes:
+    return b"\n".join(lines) + b"\n"
+
+
+def no_check(caller: Caller) -> BodyCheck:
+    def check(kind: Kind, body: bytes) -> None:
+        return None
+
+    return check
+
+
+@dataclass
+class FakeEngine:
+    """Answers each line with its `content` echoed; `answers` overrides by content."""
+
+    answers: dict[str, list[LineResult]] = field(default_factory=dict)
+    calls: list[str] = field(default_factory=list)
+
+    async def __call__(self, kind: Kind, caller: Caller, body: bytes, path: str) -> LineResult:
+        content = json.loads(body)["messages"][0]["content"]
+        self.calls.append(content)
+        queued = self.answers.get(content)
+        if queued:
+            return queued.pop(0)
+        usage = {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
+        answer = {"object": "chat.completion", "content": content, "usage": usage}
+        return LineResult(200, json.dumps(answer).encode(), "req-1")
+
+
+@dataclass
+class Setup:
+    store: BatchStore
+    contents: FileContents
+    owners: Owners
+    clock: Clock
+    engine: FakeEngine
+
+    def runner(self, *, concurrency: int = 2) -> BatchRunner:
+        return BatchRunner(
+            self.store,
+            self.contents,
+            self.owners,
+            execute=self.engine,
+            check_for=no_check,
+            concurrency=concurrency,
+            max_lines=100,
+            clock=self.clock,
+            poll_s=0.01,
+        )
+
+    def upload(self, key: str, data: bytes) -> str:
+        file_id = new_id("file-")
+        self.contents.write(file_id, data)
+        now = int(self.clock())
+        self.store.add_file(FileRow(file_id, key, "in.jsonl", "batch", len(data), now, None))
+        return file_id
+
+
+def make_setup(tmp_path: Path, *callers: Caller) -> Setup:
+    owners = Owners()
+    for caller in callers or (Principal("k1"),):
+        owners.remember(caller)
+    return Setup(
+        BatchStore(tmp_path / "batches.db"),
+        FileContents(tmp_path / "files"),
+        owners,
+        Clock(),
+        FakeEngine(),
+    )

@@ -1,0 +1,169 @@
+"""The runner: lines run once each, cancel and expiry keep what was done, a restart runs
+only the lines without a result, and refusals for now are retried."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+from serving.gateway.batches.line_call import LineResult
+from serving.gateway.batches.objects import WINDOW_S, BatchRow
+from serving.gateway.batches.runner import BatchRunner
+
+from .helpers import CHAT, Setup, jsonl, line, make_setup
+
+
+def new_batch(setup: Setup, data: bytes, key: str = "k1") -> BatchRow:
+    now = int(setup.clock())
+    row = BatchRow(
+        "batch_" + str(len(setup.store.unfinished_batches())),
+        key,
+        CHAT,
+        setup.upload(key, data),
+        now,
+        now + WINDOW_S,
+    )
+    setup.store.add_batch(row)
+    return row
+
+
+async def settle(runner: BatchRunner, setup: Setup, batch_id: str, status: str) -> BatchRow:
+    """Rounds until the batch reaches `status` (bounded)."""
+    for _ in range(500):
+        await runner.run_once()
+        row = setup.store.get_batch("k1", batch_id)
+        assert row is not None
+        if row.status == status:
+            return row
+        await asyncio.sleep(0.002)
+    raise AssertionError(f"batch {batch_id} is {setup.store.batch_status(batch_id)}, not {status}")
+
+
+def lines_of(setup: Setup, file_id: str | None) -> list[dict[str, object]]:
+    assert file_id is not None
+    return [json.loads(text) for text in setup.contents.path(file_id).read_text().splitlines()]
+
+
+def test_a_batch_runs_every_line_once_and_writes_its_files(tmp_path: Path) -> None:
+    setup = make_setup(tmp_path)
+    fail = LineResult(400, b'{"error": {"message": "bad"}}', "req-2")
+    setup.engine.answers["b"] = [fail]
+
+    async def scenario() -> None:
+        runner = setup.runner()
+        row = await settle(
+            runner, setup, new_batch(setup, jsonl(line("a"), line("b"), line("c"))).id, "completed"
+        )
+        assert (row.total, row.completed, row.failed) == (3, 2, 1)
+        assert sorted(setup.engine.calls) == ["a", "b", "c"]
+        outputs = lines_of(setup, row.output_file_id)
+        assert [o["custom_id"] for o in outputs] == ["a", "c"] and outputs[0]["error"] is None
+        errors = lines_of(setup, row.error_file_id)
+        assert errors[0]["custom_id"] == "b"
+        assert errors[0]["response"] == {
+            "status_code": 400,
+            "request_id": "req-2",
+            "body": {"error": {"message": "bad"}},
+        }
+        out = setup.store.get_file("k1", row.output_file_id or "")
+        assert out is not None and out.purpose == "batch_output"
+        assert {"in_progress_at", "finalizing_at", "completed_at"} <= set(row.times)
+
+    asyncio.run(scenario())
+
+
+def test_invalid_lines_fail_the_batch_and_run_nothing(tmp_path: Path) -> None:
+    setup = make_setup(tmp_path)
+
+    async def scenario() -> None:
+        row = await settle(
+            setup.runner(), setup, new_batch(setup, jsonl(line("a"), line("a"))).id, "failed"
+        )
+        assert row.errors is not None and row.errors[0]["code"] == "duplicate_custom_id"
+        assert setup.engine.calls == [] and row.output_file_id is None
+
+    asyncio.run(scenario())
+
+
+def test_a_refusal_for_now_is_retried_not_failed(tmp_path: Path) -> None:
+    setup = make_setup(tmp_path)
+    setup.engine.answers["a"] = [LineResult(429, b"{}", "r", retry_after_s=0.01)] * 2
+
+    async def scenario() -> None:
+        row = await settle(
+            setup.runner(), setup, new_batch(setup, jsonl(line("a"))).id, "completed"
+        )
+        assert setup.engine.calls == ["a", "a", "a"] and (row.completed, row.failed) == (1, 0)
+
+    asyncio.run(scenario())
+
+
+def test_cancel_lets_running_lines_finish_and_starts_no_more(tmp_path: Path) -> None:
+    setup = make_setup(tmp_path)
+    gate = asyncio.Event
+
+    async def scenario() -> None:
+        release = gate()
+        engine = setup.engine
+
+        async def slow(kind, caller, body, path):  # type: ignore[no-untyped-def]
+            await release.wait()
+            return await engine(kind, caller, body, path)
+
+        runner = setup.runner(concurrency=1)
+        runner._execute = slow  # one line held running while the batch is cancelled
+        row = new_batch(setup, jsonl(line("a"), line("b"), line("c")))
+        await settle(runner, setup, row.id, "in_progress")
+        await runner.run_once()  # the first line starts
+        assert runner.running(row.id) == 1
+        found = setup.store.get_batch("k1", row.id)
+        assert found is not None
+        found.status = "cancelling"
+        assert setup.store.save_batch(found, "in_progress")
+        await runner.run_once()
+        assert setup.store.batch_status(row.id) == "cancelling"  # waits for the running line
+        release.set()
+        ended = await settle(runner, setup, row.id, "cancelled")
+        assert engine.calls == ["a"] and (ended.completed, ended.failed) == (1, 0)
+        assert [o["custom_id"] for o in lines_of(setup, ended.output_file_id)] == ["a"]
+
+    asyncio.run(scenario())
+
+
+def test_expiry_keeps_what_was_done(tmp_path: Path) -> None:
+    setup = make_setup(tmp_path)
+    setup.engine.answers["b"] = [LineResult(429, b"{}", "r", retry_after_s=3600)]
+
+    async def scenario() -> None:
+        runner = setup.runner(concurrency=2)
+        row = new_batch(setup, jsonl(line("a"), line("b")))
+        await settle(runner, setup, row.id, "in_progress")
+        for _ in range(50):
+            await runner.run_once()
+            await asyncio.sleep(0.002)
+        setup.clock.now += WINDOW_S  # b waits for a retry beyond the window: it gave up
+        ended = await settle(runner, setup, row.id, "expired")
+        assert [o["custom_id"] for o in lines_of(setup, ended.output_file_id)] == ["a"]
+        errors = lines_of(setup, ended.error_file_id)
+        assert errors[0]["custom_id"] == "b" and errors[0]["error"]["code"] == "batch_expired"  # type: ignore[index]
+
+    asyncio.run(scenario())
+
+
+def test_a_restart_runs_only_the_lines_without_a_result(tmp_path: Path) -> None:
+    setup = make_setup(tmp_path)
+
+    async def scenario() -> None:
+        row = new_batch(setup, jsonl(line("a"), line("b"), line("c")))
+        first = setup.runner()
+        await settle(first, setup, row.id, "in_progress")
+        await first.stop()
+        setup.store.add_result(row.id, 2, "b", ok=True, text='{"custom_id": "b"}')  # done before
+        setup.store.close()
+        reopened = make_setup(tmp_path)
+        ended = await settle(reopened.runner(), reopened, row.id, "completed")
+        assert sorted(reopened.engine.calls) == ["a", "c"]
+        assert [o["custom_id"] for o in lines_of(reopened, ended.output_file_id)] == ["a", "b", "c"]
+
+    asyncio.run(scenario())
