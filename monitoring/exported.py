@@ -1,7 +1,8 @@
 """The series this stack exports, known without running it: the names a scrape would show.
 
     exported_names()      # all of the below: what any query under monitoring/ may read
-    gateway_names()       # GatewayMetrics rendered after a request of every kind
+    gateway_names()       # GatewayMetrics rendered after a request of every kind, with
+                          # the Batch API's series
     launcher_names()      # LauncherMetrics rendered after a start
     vllm_declarations()   # vLLM 0.32's stat logger, read from its installed source:
                           # {"vllm:num_preemptions": "counter", ...} (no vLLM import)
@@ -25,6 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from serving.engine.launcher_metrics import LauncherMetrics
 from serving.engine.load_stats import LoadStats
+from serving.gateway.batches.metrics import BatchMetrics
 from serving.gateway.fair_queue import FairQueue
 from serving.gateway.metrics import GatewayMetrics, RequestRecord
 from serving.models.tiny_model import MODEL_NAME
@@ -41,6 +43,16 @@ def sample_names(exposition: str) -> set[str]:
         for family in text_string_to_metric_families(exposition)
         for sample in family.samples
     }
+
+
+class _Batches:
+    """A batch database as the batch metrics read it (`BatchStore`): one batch running."""
+
+    def status_counts(self) -> dict[str, int]:
+        return {"in_progress": 1}
+
+    def lines_waiting(self) -> int:
+        return 2
 
 
 @dataclass(frozen=True)
@@ -68,6 +80,7 @@ def gateway_names() -> set[str]:
     )  # fmt: skip
     metrics.observe(served, ended=1.501)
     metrics.observe(RequestRecord(started=2.0, key="key_a", status=429, refusal="rpm"), ended=2.1)
+    metrics.add_source(BatchMetrics(_Batches()).families)
     return sample_names(metrics.render().decode())
 
 

@@ -25,6 +25,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "plan": ("serving.planner.command", "memory plan for a profile or for flags"),
     "keys": ("serving.gateway.keys_command", "create, list, show and revoke API keys"),
     "usage": ("serving.gateway.usage_command", "usage reports: tokens per key, model and day"),
+    "batches": ("serving.gateway.batches_command", "list every key's Batch API batches"),
     "adapters": ("serving.gateway.adapters_command", "load and unload LoRA adapters at run time"),
     "k8s": ("serving.k8s.command", "render the engine's Kubernetes patch from a profile"),
 }

@@ -110,6 +110,11 @@ COMMANDS: dict[str, dict[str, Verdict]] = {
             "tests/gateway/adapters/test_adapters_command.py", '*where, "unload", "team-a"'
         ),
     },
+    "docs/batches.md": {
+        ".venv/bin/serving batches list --status in_progress": Runs(
+            "tests/gateway/test_batches_command.py", '"--status", "in_progress"'
+        ),
+    },
     "docs/contributing-docs.md": {
         "make docs": Runs("tests/test_docs_site.py", '"mkdocs", "build", "--strict"'),
         ".venv/bin/mkdocs serve": SERVER,

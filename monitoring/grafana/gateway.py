@@ -19,7 +19,8 @@ gateway whatever `$instance` selects.
 The Fair sharing row draws, beside the queue's own series, the tokens served per key and
 Jain's fairness index over the keys backlogged in the fair queue: the expression of the
 recording rule job:gateway_tokens:jain_index_rate5m that FairShareSkewed fires on
-(`fairness.jain_index`), over every key and every gateway.
+(`fairness.jain_index`), over every key and every gateway. The Batches row is
+monitoring/grafana/batches.py.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from typing import Any
 
 from grafana_foundation_sdk.builders import stat
 
+from monitoring.grafana.batches import batch_row
 from monitoring.grafana.common import (
     COUNT,
     EVENTS_PER_S,
@@ -383,6 +385,8 @@ def build() -> dict[str, Any]:
             thresholds=[(0, "red"), (FAIR_SKEWED, "green")],
         )
     )
+
+    batch_row(board)
 
     board.row("Upstream")
     board.add(

@@ -64,6 +64,9 @@ SCRAPED: tuple[Scraped, ...] = (
     # per engine (label: its host:port), what the gateway charged: the live accounting oracle
     Scraped("gateway_engine_accounted_tokens", "counter", GATEWAY),
     Scraped("gateway_engine_cut_sequences", "counter", GATEWAY),
+    # the Batch API (labels: outcome): lines finished, and lines of running batches waiting
+    Scraped("gateway_batch_lines", "counter", GATEWAY),
+    Scraped("gateway_batch_lines_waiting", "gauge", GATEWAY),
     # vLLM (labels: model_name, engine)
     Scraped("vllm:prompt_tokens", "counter", ENGINE),
     Scraped("vllm:generation_tokens", "counter", ENGINE),

@@ -276,9 +276,10 @@ def assemble(
     health = HealthMonitor(router, catalog, metrics, interval_s=settings.health_interval_s)
 
     def observe(record: RequestRecord) -> None:
-        """A batch line's record, counted as the app counts an interactive request's."""
+        """A batch line's record, counted as the app counts an interactive request's (its
+        tokens marked as a batch line's in the usage ledger)."""
         metrics.observe(record, time.perf_counter())
-        usage.record(record)
+        usage.record(record, batch=True)
 
     batches = install_batches(
         settings,
@@ -289,6 +290,7 @@ def assemble(
     )
     if batches is not None:
         async_closers.append(batches.close)
+        metrics.add_source(batches.metrics.families)
 
     async def upkeep_leases() -> None:
         if shared is not None:

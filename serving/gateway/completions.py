@@ -27,8 +27,9 @@ from serving.gateway.errors import (
     refusal_error,
     upstream_error_kind,
 )
-from serving.gateway.fair_queue import FairQueue, QueueTimeout, Turn
+from serving.gateway.fair_queue import FairQueue, QueueTimeout, Turn, in_lowest_class
 from serving.gateway.images import ImagePolicy
+from serving.gateway.keys.record import MAX_PRIORITY
 from serving.gateway.metrics import RequestRecord
 from serving.gateway.openai_request import (
     CompletionRequest,
@@ -44,6 +45,10 @@ from serving.gateway.request_fields import POOLING
 from serving.gateway.routing import Engine, prefix_hashes, prompt_text
 from serving.gateway.types import Receive, Send
 from serving.gateway.usage import ResponseMeter
+
+# vLLM runs a larger priority later: a batch line's is past every key's class, so with
+# priority scheduling the engine too serves (and keeps) interactive requests first.
+BATCH_PRIORITY = MAX_PRIORITY + 1
 
 
 def served_model(caller: Caller, model: str, catalog: ModelCatalog, *, retry_after_s: float) -> str:
@@ -240,7 +245,7 @@ class Completions:
                 parsed,
                 max_tokens=admission.max_tokens,
                 model=model,
-                priority=caller.priority if self._engine_priority else 0,
+                priority=self._priority(caller),
                 stream_interval=interval,
             ),
             request.request_id,
@@ -250,6 +255,13 @@ class Completions:
             engines=self._catalog.engines_serving(model),
             dialect=request.dialect,
         )
+
+    def _priority(self, caller: Caller) -> int:
+        """vLLM's priority for the request, with --engine-priority: the key's class, or
+        `BATCH_PRIORITY` for a batch line (a request of the fair queue's lowest class)."""
+        if not self._engine_priority:
+            return 0
+        return BATCH_PRIORITY if in_lowest_class() else caller.priority
 
     async def _release(self, held: HeldRequest, parsed: CompletionRequest) -> None:
         """Give back what `held` holds: the lease settled (or withdrawn when the engine never

@@ -7,6 +7,7 @@ its help text below.
     metrics.observe(record, ended=time.perf_counter())    # once, when the request is done
     body = metrics.render()             # every series: the metrics port (`metrics_listener`)
     body = metrics.render_aggregate()   # no tenant label: GET /metrics on the API port
+    metrics.add_source(batch_metrics.families)   # more families without a tenant label
 
 Rules:
 - labels carry the key's public id, the model and the engine's host:port, never a secret;
@@ -18,7 +19,7 @@ Rules:
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
@@ -147,9 +148,15 @@ class GatewayMetrics:
         self._discovery_errors = discovery_errors
         self._queue = queue
         self._slots_shared = slots_shared
+        self._sources: list[Callable[[], Iterable[Metric]]] = []
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
         self._aggregate = _Aggregate(self)
+
+    def add_source(self, families: Callable[[], Iterable[Metric]]) -> None:
+        """More families with no tenant label (a part built after the metrics: the Batch
+        API's), served on both ports."""
+        self._sources.append(families)
 
     def set_upstream_healthy(self, healthy: bool) -> None:
         self.upstream_healthy = 1.0 if healthy else 0.0
@@ -288,6 +295,8 @@ class GatewayMetrics:
             "1 while the keys file loads (its keys are refused while it does not).",
             value=1.0 if self._keys_file_up() else 0.0,
         )
+        for source in self._sources:
+            yield from source()
 
     def _engine_families(self) -> Iterator[Metric]:
         rotation = GaugeMetricFamily(

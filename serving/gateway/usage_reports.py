@@ -3,6 +3,7 @@
 
     usage = install_usage_reports(settings, admin, authenticator)   # by `assembly.assemble`
     usage.record(record)            # every API request, beside metrics.observe
+    usage.record(record, batch=True)    # a Batch API line (`assembly`'s observe)
     await usage.close()             # at shutdown (the lifespan's last steps)
 
 Rules:
@@ -56,7 +57,7 @@ class UsageStoreUnavailableError(GatewayError):
 class NotRecorded:
     """The ledger of a gateway with nowhere durable to keep usage: records nothing."""
 
-    def record(self, record: TokenRecord) -> None:
+    def record(self, record: TokenRecord, *, batch: bool = False) -> None:
         pass
 
     def failures(self) -> int:

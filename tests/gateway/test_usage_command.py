@@ -111,7 +111,7 @@ def test_a_key_named_as_a_formula_is_text_in_the_csv(
     keys = SqliteKeyStore(tmp_path / "keys.db")
     key_id = keys.create(KeySpec(formula))[0].key_id
     keys.close()
-    record_file(tmp_path / "keys.db", {("2026-03-01", key_id, "qwen3-tiny"): [12, 30]})
+    record_file(tmp_path / "keys.db", {("2026-03-01", key_id, "qwen3-tiny"): [12, 30, 0, 0]})
     code, out, _ = serving(
         capsys, "usage", "report", *DAYS, "--format", "csv", "--keys-db", str(tmp_path / "keys.db")
     )
@@ -130,7 +130,7 @@ def test_without_from_and_to_the_report_is_the_current_utc_month_so_far(
     keys_db = str(tmp_path / "keys.db")
     SqliteKeyStore(tmp_path / "keys.db").close()
     days = ["2026-02-28", "2026-03-01", "2026-03-17", "2026-03-18"]
-    record_file(tmp_path / "keys.db", {(day, "dev", "qwen3-tiny"): [1, 1] for day in days})
+    record_file(tmp_path / "keys.db", {(day, "dev", "qwen3-tiny"): [1, 1, 0, 0] for day in days})
 
     def report_days(*flags: str) -> tuple[str, str, list[str]]:
         code, out, err = serving(capsys, "usage", "report", *flags, "--format", "json")
@@ -198,7 +198,12 @@ def test_the_page_commands_print_what_it_shows(
     while sorted(ids) != sorted(ids, key=ids.__getitem__) or len(ids) < len(names):
         ids = {shown: keys.create(KeySpec(names[shown]))[0].key_id for shown in sorted(names)}
     keys.close()
-    batch: Batch = {(d, ids[k], m): [int(p), int(c)] for d, k, _, m, p, c, _ in day_rows}
+    batch: Batch = {}
+    for day, key, _, model, prompt, completion, _, in_batch in day_rows:
+        # The table shows the batch part's total: here it is prompt tokens first.
+        batch_prompt = min(int(in_batch), int(prompt))
+        counts = [int(prompt), int(completion), batch_prompt, int(in_batch) - batch_prompt]
+        batch[(day, ids[key], model)] = counts
     record(tmp_path / "keys.db", redis_server.url, batch)
 
     code, out, _ = serving(capsys, *argv(quoted, ids))
@@ -214,4 +219,5 @@ def test_the_page_commands_print_what_it_shows(
     document = json.loads(out)
     assert code == 0 and document["object"] == "usage_report"
     all_line = output[-1].split()
-    assert document["total"]["total_tokens"] == int(all_line[-1])
+    assert document["total"]["total_tokens"] == int(all_line[-2])
+    assert document["total"]["batch"]["total_tokens"] == int(all_line[-1])

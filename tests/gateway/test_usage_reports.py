@@ -8,6 +8,7 @@ import contextlib
 import json
 import sqlite3
 import time
+import uuid
 from datetime import date
 from typing import Any
 
@@ -22,6 +23,7 @@ from serving.gateway.usage_ledger import report as report_module
 from serving.gateway.usage_ledger.days import DAY_S, utc_day
 from serving.gateway.usage_ledger.sqlite_store import read_usage_file
 from serving.gateway.usage_reports import USAGE_PATH
+from tests.gateway.batches.helpers import run_batch
 from tests.gateway.conftest import GatewayFactory
 from tests.gateway.quota.redis_server import RedisServer
 from tests.gateway.scrape import scrape, settled
@@ -197,6 +199,39 @@ def test_the_report_equals_the_counters_and_the_reported_usage(
     assert cli_json(capsys, document, "--keys-db", str(keys.path)) == document
     one_key = report(gateway, f"{today_query()}&key=dev").json()
     assert [key["key_id"] for key in one_key["keys"]] == ["dev"] and one_key["key_id"] == "dev"
+
+
+def test_batch_lines_count_in_the_keys_totals_and_apart(
+    make_gateway: GatewayFactory, keys: SqliteKeyStore
+) -> None:
+    """A Batch API line is charged to its key like an interactive request, and the report
+    shows the part of the key's total that its batch lines used: what their output lines
+    say vLLM counted."""
+    record, secret = keys.create(KeySpec("offline"))
+    gateway = make_gateway(keys_db=str(keys.path), admin_keys=(ADMIN_KEY,))
+    seen: dict[str, list[int]] = {}
+    traffic(gateway, secret, seen)
+    batch = run_batch(gateway, secret, uuid.uuid4().hex)
+    assert batch["request_counts"]["completed"] == 2
+    with http_client(gateway.url, key=secret) as http:
+        output = http.get(f"/v1/files/{batch['output_file_id']}/content").text
+    in_batch = [0, 0]
+    for line in output.splitlines():
+        usage = json.loads(line)["response"]["body"]["usage"]
+        in_batch[0] += usage["prompt_tokens"]
+        in_batch[1] += usage["completion_tokens"]
+    assert in_batch[0] > 0 and in_batch[1] > 0
+    assert settled(gateway)
+    document = report(gateway, today_query()).json()
+    (key,) = document["keys"]
+    interactive = seen[record.key_id]
+    assert [key["prompt_tokens"], key["completion_tokens"]] == [
+        interactive[0] + in_batch[0],
+        interactive[1] + in_batch[1],
+    ]
+    assert [key["batch"]["prompt_tokens"], key["batch"]["completion_tokens"]] == in_batch
+    assert document["total"]["batch"] == key["batch"]
+    assert per_key_and_model(document) == counters(gateway)  # batch lines in the counters too
 
 
 def test_a_gateway_that_stops_writes_what_it_recorded(

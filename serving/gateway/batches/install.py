@@ -2,6 +2,7 @@
 
     batches = install_batches(settings, completions, catalog, owners_find, observe=...)
     batches.api.serve(...); batches.runner.start(); await batches.close()
+    gateway_metrics.add_source(batches.metrics.families)   # the batch series
 
 The database is `batch_db`, else batches.db beside keys.db; the contents `batch_files_dir`,
 else batch-files beside the database. Without either path (no keys.db) it is not served.
@@ -18,9 +19,10 @@ from serving.gateway.auth import Caller
 from serving.gateway.batches.api import BatchApi, Limits
 from serving.gateway.batches.contents import FileContents
 from serving.gateway.batches.line_call import LineResult, call_line
+from serving.gateway.batches.metrics import BatchMetrics
 from serving.gateway.batches.owners import Owners
 from serving.gateway.batches.runner import BatchRunner, CheckFor
-from serving.gateway.batches.store import BatchStore
+from serving.gateway.batches.store import DB_NAME, BatchStore
 from serving.gateway.batches.validation import BodyCheck
 from serving.gateway.catalog import ModelCatalog
 from serving.gateway.completions import Completions, served_model
@@ -31,7 +33,6 @@ from serving.gateway.openai_request import check_admitted, parse_completion_requ
 from serving.gateway.request_fields import Kind
 from serving.gateway.settings import GatewaySettings
 
-DB_NAME = "batches.db"
 FILES_DIR_NAME = "batch-files"
 
 
@@ -40,6 +41,7 @@ class Batches:
     api: BatchApi
     runner: BatchRunner
     store: BatchStore
+    metrics: BatchMetrics
 
     async def close(self) -> None:
         await asyncio.to_thread(self.store.close)
@@ -71,6 +73,11 @@ def install_batches(
     store = BatchStore(paths[0])
     contents = FileContents(paths[1])
     owners = Owners(find_owner)
+    metrics = BatchMetrics(store)
+
+    def observe_line(record: RequestRecord) -> None:
+        metrics.observe(record)
+        observe(record)
 
     async def execute(kind: Kind, caller: Caller, body: bytes, path: str) -> LineResult:
         return await call_line(
@@ -79,7 +86,7 @@ def install_batches(
             caller,
             body,
             path,
-            observe=observe,
+            observe=observe_line,
             retry_after_s=settings.retry_after_s,
         )
 
@@ -96,9 +103,11 @@ def install_batches(
         ),
         concurrency=settings.batch_concurrency,
         max_lines=settings.max_batch_lines,
+        count_line=metrics.count_line,
     )
     limits = Limits(settings.max_batch_file_bytes, settings.max_body_bytes)
-    return Batches(BatchApi(store, contents, runner, owners, limits=limits), runner, store)
+    api = BatchApi(store, contents, runner, owners, limits=limits)
+    return Batches(api, runner, store, metrics)
 
 
 def body_checks(

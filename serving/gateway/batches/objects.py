@@ -14,7 +14,7 @@ import json
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 BatchStatus = Literal[
     "validating",
@@ -26,6 +26,7 @@ BatchStatus = Literal[
     "cancelling",
     "cancelled",
 ]
+STATUSES: tuple[BatchStatus, ...] = get_args(BatchStatus)
 ENDED: frozenset[str] = frozenset({"completed", "failed", "expired", "cancelled"})
 INPUT_PURPOSE = "batch"
 OUTPUT_PURPOSE = "batch_output"

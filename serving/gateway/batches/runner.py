@@ -32,6 +32,7 @@ from typing import Any
 from serving.gateway.auth import Caller
 from serving.gateway.batches.contents import FileContents
 from serving.gateway.batches.line_call import LineResult
+from serving.gateway.batches.metrics import LineOutcome
 from serving.gateway.batches.objects import (
     FILE_TTL_S,
     OUTPUT_PURPOSE,
@@ -78,6 +79,7 @@ class BatchRunner:
         max_lines: int,
         clock: Callable[[], float] = time.time,
         poll_s: float = POLL_S,
+        count_line: Callable[[LineOutcome], None] = lambda outcome: None,
     ) -> None:
         self._store = store
         self._contents = contents
@@ -88,6 +90,7 @@ class BatchRunner:
         self._max_lines = max_lines
         self._clock = clock
         self._poll_s = poll_s
+        self._count_line = count_line
         self._work: dict[str, _Work] = {}
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -234,6 +237,7 @@ class BatchRunner:
         self._store.add_result(
             row.id, line.line, line.custom_id, ok=ok, text=_output_line(line.custom_id, result)
         )
+        self._count_line("completed" if ok else "failed")
 
     def _stopping(self, batch_id: str) -> bool:
         """Cancelled (or gone) while a line waited to retry."""
@@ -265,6 +269,7 @@ class BatchRunner:
             for line in work.lines if work else []:
                 if line.line not in done:
                     failures.append(_expired_line(line.custom_id))
+                    self._count_line("expired")
         row.completed, row.failed = len(outputs), len(failures)
         if final != "failed" or results:
             row.output_file_id = self._output_file(row, "output", outputs, now)

@@ -47,7 +47,10 @@ _SCHEMA = (
     text TEXT NOT NULL,
     PRIMARY KEY (batch_id, line)
 )""",
+    "CREATE INDEX IF NOT EXISTS batches_by_status ON batches (status)",
 )
+DB_NAME = "batches.db"
+"""Its name beside keys.db, where the gateway and `serving batches list` look by default."""
 _FILE_COLUMNS = "id, key_id, filename, purpose, bytes, created_at, expires_at"
 _ENDED = "('completed', 'failed', 'expired', 'cancelled')"
 
@@ -158,6 +161,19 @@ class BatchStore:
             ).fetchall()
         return [_batch(row) for row in rows]
 
+    def every_batch(self, *, status: str | None, key_id: str | None) -> list[BatchRow]:
+        """Every key's batches, newest first, of one status or key if asked (operators')."""
+        asked = {"status": status, "key_id": key_id}
+        params = [value for value in asked.values() if value is not None]
+        where = " AND ".join(f"{name} = ?" for name, value in asked.items() if value is not None)
+        with self._lock:
+            rows = self._conn.execute(
+                f"SELECT id, key_id, status, state FROM batches WHERE {where or '1 = 1'} "
+                "ORDER BY seq DESC",
+                params,
+            ).fetchall()
+        return [_batch(row) for row in rows]
+
     def unfinished_batches(self) -> list[BatchRow]:
         """Every batch not ended yet, oldest first (the runner's work)."""
         with self._lock:
@@ -166,6 +182,24 @@ class BatchStore:
                 "ORDER BY seq"
             ).fetchall()
         return [_batch(row) for row in rows]
+
+    def status_counts(self) -> dict[str, int]:
+        """How many batches of every key are in each status (the metrics' gauge)."""
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT status, COUNT(*) FROM batches GROUP BY status"
+            ).fetchall()
+        return {str(status): int(count) for status, count in rows}
+
+    def lines_waiting(self) -> int:
+        """Lines of the batches in progress without a result yet (running ones included)."""
+        with self._lock:
+            total, done = self._conn.execute(
+                "SELECT (SELECT COALESCE(SUM(json_extract(state, '$.counts[0]')), 0) FROM batches"
+                " WHERE status = 'in_progress'), (SELECT COUNT(*) FROM batch_results WHERE"
+                " batch_id IN (SELECT id FROM batches WHERE status = 'in_progress'))"
+            ).fetchone()
+        return int(total) - int(done)
 
     # results
 

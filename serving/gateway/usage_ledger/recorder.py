@@ -4,6 +4,7 @@ it is kept; what a crash may lose).
 
     recorder = UsageRecorder(SqliteUsageStore(path, retention_days=400))
     recorder.record(record)      # on the event loop, where the request's metrics are observed
+    recorder.record(record, batch=True)     # a Batch API line's (reported apart)
     await recorder.flush(5.0)    # everything recorded so far is written (False: not in time)
     rows = await recorder.read("2026-03-01", "2026-03-31", None)
     await recorder.close()       # at shutdown: writes what is left, then closes the store
@@ -90,16 +91,17 @@ class UsageRecorder:
         self._waiters: list[tuple[int, asyncio.Future[None]]] = []
         self._closed = False
 
-    def record(self, record: TokenRecord) -> None:
-        """Add a finished request's tokens (nothing for a request that was charged none).
-        Never blocks and never raises: it runs on every request."""
+    def record(self, record: TokenRecord, *, batch: bool = False) -> None:
+        """Add a finished request's tokens (nothing for a request that was charged none);
+        `batch` for a Batch API line's. Never blocks and never raises: it runs on every
+        request."""
         prompt, completion = record.prompt_tokens, record.completion_tokens
         if not (prompt or completion):
             return
         if self._closed:
             log.warning("usage ledger: %d tokens arrived after close", prompt + completion)
             return
-        self._tally.add(record.key, record.model, prompt, completion)
+        self._tally.add(record.key, record.model, prompt, completion, batch=batch)
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._run())
 

@@ -8,8 +8,11 @@
 Rules:
 - keys live under a namespace written in braces (a hash tag: one Redis Cluster slot per
   script): `{NS}:day:DAY`, a hash `KEY_ID|MODEL|KIND` -> tokens that replicas add into and
-  that expires with the retention; `{NS}:writer:WRITER`, the writer's last batch number,
-  kept a day past its last write (a recorder retries for seconds, not days);
+  that expires with the retention; KIND `prompt` and `completion` count every request,
+  `batch_prompt` and `batch_completion` the Batch API lines' part of them (a hash without
+  them has no batch part; a reader that does not know them skips them and reads totals);
+  `{NS}:writer:WRITER`, the writer's last batch number, kept a day past its last write (a
+  recorder retries for seconds, not days);
 - a batch is one script (`SCRIPT`): in whole or not at all, and not again once its mark is in;
 - key ids never hold `|` and the kind is the last field, so a model name holding one reads
   back whole;
@@ -29,7 +32,7 @@ from serving.gateway.usage_ledger.tally import Batch, UsageRow
 
 DEFAULT_NAMESPACE = "qwen-serving:usage"
 MARK_TTL_S = DAY_S
-KINDS = ("prompt", "completion")
+KINDS = ("prompt", "completion", "batch_prompt", "batch_completion")
 
 SCRIPT = LuaScript(
     """
@@ -116,7 +119,7 @@ class RedisUsageStore:
                 model, _, kind = rest.rpartition("|")
                 if kind not in KINDS or (key_id is not None and key != key_id):
                     continue
-                counts.setdefault((key, model), [0, 0])[KINDS.index(kind)] += int(value)
+                counts.setdefault((key, model), [0] * len(KINDS))[KINDS.index(kind)] += int(value)
             rows += [UsageRow(day, *row, *tokens) for row, tokens in sorted(counts.items())]
         return rows
 

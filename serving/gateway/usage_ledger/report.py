@@ -10,6 +10,9 @@ Rules:
 - the JSON is built here alone, so the endpoint and `--format json` give the same document;
 - rows sort by day, key id and model, keys by key id; `key_name` is null for a key no store
   holds; `model` is the metrics label (`other` for anything the engines do not serve);
+- every count is of all requests, interactive and Batch API lines alike, and comes with the
+  Batch API lines' part of it (`batch` in JSON, `batch_*` CSV columns, the table's BATCH):
+  interactive is the total less the batch part;
 - CSV (rows only, header first): every text cell is quoted and one starting with a
   FORMULA_TRIGGERS character gets a leading `'` (CSV injection); numbers stay bare; JSON and
   the table keep names as they are.
@@ -37,7 +40,10 @@ FORMATS = ("table", "csv", "json")
 MAX_DAYS = 3660
 CSV_COLUMNS = (
     "day", "key_id", "key_name", "model", "prompt_tokens", "completion_tokens", "total_tokens",
+    "batch_prompt_tokens", "batch_completion_tokens", "batch_total_tokens",
 )  # fmt: skip
+# A count's fields, in CSV_COLUMNS's order; the batch part's CSV columns prefix them.
+_COUNTS = ("prompt_tokens", "completion_tokens", "total_tokens")
 # OWASP's list (= + - @ tab CR), with LF and NUL, which ASVS 1.2.10 adds.
 FORMULA_TRIGGERS = ("=", "+", "-", "@", "\t", "\r", "\n", "\0")
 _DAY = re.compile(r"\d{4}-\d{2}-\d{2}")
@@ -101,6 +107,15 @@ def _tokens(prompt: int, completion: int) -> dict[str, int]:
     }
 
 
+def _counts_of(counts: list[int]) -> dict[str, Any]:
+    """[prompt, completion, batch prompt, batch completion] as the report shows them."""
+    return {**_tokens(counts[0], counts[1]), "batch": _tokens(counts[2], counts[3])}
+
+
+def _sum(entries: Iterable[list[int]]) -> list[int]:
+    return [sum(column) for column in zip(*entries, strict=True)] or [0, 0, 0, 0]
+
+
 def build_report(query: ReportQuery, rows: Iterable[UsageRow], name_of: NameOf) -> Report:
     """The report's JSON (see the module docstring); `name_of` gives a key id's name."""
     names: dict[str, str | None] = {}
@@ -113,25 +128,22 @@ def build_report(query: ReportQuery, rows: Iterable[UsageRow], name_of: NameOf) 
     listed: list[dict[str, Any]] = []
     per_key: dict[str, dict[str, list[int]]] = {}
     for row in sorted(rows):
+        row_counts = list(row[3:])
         listed.append(
             {"day": row.day, "key_id": row.key_id, "key_name": name(row.key_id),
-             "model": row.model, **_tokens(row.prompt_tokens, row.completion_tokens)}
+             "model": row.model, **_counts_of(row_counts)}
         )  # fmt: skip
-        counts = per_key.setdefault(row.key_id, {}).setdefault(row.model, [0, 0])
-        counts[0] += row.prompt_tokens
-        counts[1] += row.completion_tokens
+        counts = per_key.setdefault(row.key_id, {}).setdefault(row.model, [0, 0, 0, 0])
+        for at, tokens in enumerate(row_counts):
+            counts[at] += tokens
     keys: list[dict[str, Any]] = []
     for key_id in sorted(per_key):
         models = per_key[key_id]
-        prompt = sum(counts[0] for counts in models.values())
-        completion = sum(counts[1] for counts in models.values())
         keys.append(
-            {"key_id": key_id, "key_name": name(key_id), **_tokens(prompt, completion),
-             "models": [{"model": model, **_tokens(*models[model])} for model in sorted(models)]}
+            {"key_id": key_id, "key_name": name(key_id), **_counts_of(_sum(models.values())),
+             "models": [{"model": model, **_counts_of(models[model])} for model in sorted(models)]}
         )  # fmt: skip
-    total = _tokens(
-        sum(key["prompt_tokens"] for key in keys), sum(key["completion_tokens"] for key in keys)
-    )
+    total = _counts_of(_sum(counts for models in per_key.values() for counts in models.values()))
     return {
         "object": "usage_report",
         "from": query.first,
@@ -160,7 +172,8 @@ def render_csv(report: Report) -> str:
     writer = csv.writer(out, lineterminator="\n", quoting=csv.QUOTE_NONNUMERIC)
     writer.writerow(CSV_COLUMNS)
     for row in report["rows"]:
-        writer.writerow([_cell(row[column]) for column in CSV_COLUMNS])
+        cells = [_cell(row[column]) for column in CSV_COLUMNS[: -len(_COUNTS)]]
+        writer.writerow([*cells, *(row["batch"][count] for count in _COUNTS)])
     return out.getvalue()
 
 
@@ -180,7 +193,7 @@ def render_table(report: Report) -> str:
     heading = f"usage from {report['from']} to {report['to']} (UTC), {whose}"
     if not report["rows"]:
         return f"{heading}: none\n"
-    numbers = ("PROMPT", "COMPLETION", "TOTAL")
+    numbers = ("PROMPT", "COMPLETION", "TOTAL", "BATCH")
     days: list[tuple[str, ...]] = [("DAY", "KEY_ID", "NAME", "MODEL", *numbers)]
     days += [
         (row["day"], row["key_id"], row["key_name"] or "-", row["model"], *_counts(row))
@@ -192,8 +205,9 @@ def render_table(report: Report) -> str:
     return "\n".join([heading, "", *_aligned(days, 4), "", *_aligned(keys, 2)]) + "\n"
 
 
-def _counts(entry: dict[str, Any]) -> tuple[str, str, str]:
-    return str(entry["prompt_tokens"]), str(entry["completion_tokens"]), str(entry["total_tokens"])
+def _counts(entry: dict[str, Any]) -> tuple[str, ...]:
+    """A table's numbers: the totals, then the batch part of the total."""
+    return (*(str(entry[count]) for count in _COUNTS), str(entry["batch"]["total_tokens"]))
 
 
 def _aligned(rows: list[tuple[str, ...]], texts: int) -> list[str]:

@@ -8,6 +8,10 @@
 Rules:
 - one row per (UTC day, key id, model); a batch *adds* to the rows, so gateways sharing one
   keys.db each add what they recorded and the rows are their sum;
+- `prompt_tokens`/`completion_tokens` are every request's, `batch_*` the Batch API lines'
+  part of them; a table without the `batch_*` columns gets them (`ALTER TABLE ... DEFAULT 0`:
+  its rows keep their totals, with no batch part) when a store opens it, and reads as if it
+  had them;
 - the same transaction stores the writer's batch number (`usage_writers`), so a batch already
   in is not added again; the first write of each UTC day deletes the days past retention and
   the marks of writers not seen for `WRITER_MARK_DAYS`;
@@ -38,8 +42,10 @@ _SCHEMA = (
         day TEXT NOT NULL,  -- UTC, 2026-03-01
         key_id TEXT NOT NULL,
         model TEXT NOT NULL,  -- the model or adapter as the gateway's metrics label it
-        prompt_tokens INTEGER NOT NULL,
+        prompt_tokens INTEGER NOT NULL,  -- every request's: interactive and Batch API lines
         completion_tokens INTEGER NOT NULL,
+        batch_prompt_tokens INTEGER NOT NULL DEFAULT 0,  -- the Batch API lines' part
+        batch_completion_tokens INTEGER NOT NULL DEFAULT 0,
         PRIMARY KEY (day, key_id, model)
     )
     """,
@@ -51,20 +57,41 @@ _SCHEMA = (
     )
     """,
 )
+# The Batch API lines' part of a row: columns an older keys.db's `usage_days` lacks.
+BATCH_COLUMNS = ("batch_prompt_tokens", "batch_completion_tokens")
 _ADD = (
-    "INSERT INTO usage_days (day, key_id, model, prompt_tokens, completion_tokens)"
-    " VALUES (?, ?, ?, ?, ?) ON CONFLICT (day, key_id, model) DO UPDATE SET"
+    "INSERT INTO usage_days (day, key_id, model, prompt_tokens, completion_tokens,"
+    " batch_prompt_tokens, batch_completion_tokens) VALUES (?, ?, ?, ?, ?, ?, ?)"
+    " ON CONFLICT (day, key_id, model) DO UPDATE SET"
     " prompt_tokens = usage_days.prompt_tokens + excluded.prompt_tokens,"
-    " completion_tokens = usage_days.completion_tokens + excluded.completion_tokens"
+    " completion_tokens = usage_days.completion_tokens + excluded.completion_tokens,"
+    " batch_prompt_tokens = usage_days.batch_prompt_tokens + excluded.batch_prompt_tokens,"
+    " batch_completion_tokens ="
+    " usage_days.batch_completion_tokens + excluded.batch_completion_tokens"
 )
 _MARK = (
     "INSERT INTO usage_writers (writer, batch, written_on) VALUES (?, ?, ?)"
     " ON CONFLICT (writer) DO UPDATE SET batch = excluded.batch, written_on = excluded.written_on"
 )
-_SELECT = (
-    "SELECT day, key_id, model, prompt_tokens, completion_tokens FROM usage_days"
-    " WHERE day BETWEEN ? AND ?"
-)
+
+
+def _columns(conn: sqlite3.Connection) -> set[str]:
+    """The columns of `usage_days`; none when there is no such table."""
+    return {row[1] for row in conn.execute("PRAGMA table_info(usage_days)")}
+
+
+def _add_batch_columns(conn: sqlite3.Connection) -> None:
+    """Give a `usage_days` without them the `batch_*` columns, in one transaction, so that
+    gateways opening the file at once add them once."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        missing = [name for name in BATCH_COLUMNS if name not in _columns(conn)]
+        for name in missing:
+            conn.execute(f"ALTER TABLE usage_days ADD COLUMN {name} INTEGER NOT NULL DEFAULT 0")
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
 
 
 def read_usage_file(
@@ -80,17 +107,22 @@ def read_usage_file(
     (checked first: connecting would create one)."""
     if not path.is_file():
         raise FileNotFoundError(str(path))
-    sql, args = _SELECT, [first, last]
-    if key_id is not None:
-        sql += " AND key_id = ?"
-        args.append(key_id)
+    args = [first, last]
     with contextlib.closing(connect(path, busy_timeout_s)) as conn:
-        try:
-            found = conn.execute(sql + " ORDER BY day, key_id, model", args).fetchall()
-        except sqlite3.OperationalError as exc:
-            if "no such table" in str(exc):
-                return []
-            raise
+        columns = _columns(conn)
+        if not columns:
+            return []
+        # A file no gateway has opened since it was made without the batch columns: its
+        # rows have no batch part. Read as it is: a report never writes.
+        batch = ", ".join(name if name in columns else "0" for name in BATCH_COLUMNS)
+        sql = (
+            f"SELECT day, key_id, model, prompt_tokens, completion_tokens, {batch}"
+            " FROM usage_days WHERE day BETWEEN ? AND ?"
+        )
+        if key_id is not None:
+            sql += " AND key_id = ?"
+            args.append(key_id)
+        found = conn.execute(sql + " ORDER BY day, key_id, model", args).fetchall()
     return [UsageRow(*row) for row in found]
 
 
@@ -117,6 +149,8 @@ class SqliteUsageStore:
         self._conn: sqlite3.Connection | None = connect_wal(path, busy_timeout_s)
         for statement in _SCHEMA:
             self._conn.execute(statement)
+        if not _columns(self._conn).issuperset(BATCH_COLUMNS):
+            _add_batch_columns(self._conn)
 
     async def write(self, writer: str, number: int, batch: Batch) -> None:
         await asyncio.to_thread(self._commit, writer, number, batch)

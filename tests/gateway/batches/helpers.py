@@ -1,21 +1,27 @@
 """What the Batch API's tests share: a store and contents in a temporary directory, a
-clock the test moves, input files, and a fake line executor."""
+clock the test moves, input files, a fake line executor, and a batch run through a test
+gateway's HTTP API (`run_batch`)."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from serving.gateway.auth import Caller, Principal
 from serving.gateway.batches.contents import FileContents
 from serving.gateway.batches.line_call import LineResult
+from serving.gateway.batches.metrics import LineOutcome
 from serving.gateway.batches.objects import FileRow, new_id
 from serving.gateway.batches.owners import Owners
 from serving.gateway.batches.runner import BatchRunner
 from serving.gateway.batches.store import BatchStore
 from serving.gateway.batches.validation import BodyCheck
 from serving.gateway.request_fields import Kind
+from tests.gateway.conftest import eventually
+from tests.gateway.servers import GatewayServer, http_client
 
 CHAT = "/v1/chat/completions"
 
@@ -73,7 +79,9 @@ class Setup:
     clock: Clock
     engine: FakeEngine
 
-    def runner(self, *, concurrency: int = 2) -> BatchRunner:
+    def runner(
+        self, *, concurrency: int = 2, count_line: Callable[[LineOutcome], None] | None = None
+    ) -> BatchRunner:
         return BatchRunner(
             self.store,
             self.contents,
@@ -84,6 +92,7 @@ class Setup:
             max_lines=100,
             clock=self.clock,
             poll_s=0.01,
+            count_line=count_line or (lambda outcome: None),
         )
 
     def upload(self, key: str, data: bytes) -> str:
@@ -105,3 +114,26 @@ def make_setup(tmp_path: Path, *callers: Caller) -> Setup:
         Clock(),
         FakeEngine(),
     )
+
+
+def run_batch(gateway: GatewayServer, secret: str, content: str) -> dict[str, Any]:
+    """One batch of two chat lines whose message is `content`, polled until it ended."""
+    data = jsonl(*(line(f"c{n}", content, model="fake") for n in range(2)))
+    with http_client(gateway.url, key=secret) as http:
+        uploaded = http.post(
+            "/v1/files", files={"file": ("in.jsonl", data)}, data={"purpose": "batch"}
+        )
+        assert uploaded.status_code == 200, uploaded.text
+        created = http.post(
+            "/v1/batches",
+            json={
+                "input_file_id": uploaded.json()["id"],
+                "endpoint": CHAT,
+                "completion_window": "24h",
+            },
+        )
+        assert created.status_code == 200, created.text
+        path = f"/v1/batches/{created.json()['id']}"
+        assert eventually(lambda: http.get(path).json()["status"] == "completed", timeout=20)
+        batch: dict[str, Any] = http.get(path).json()
+    return batch

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from serving.gateway.batches.line_call import LineResult
-from serving.gateway.batches.objects import WINDOW_S, BatchRow
+from serving.gateway.batches.objects import WINDOW_S, BatchRow, new_id
 from serving.gateway.batches.runner import BatchRunner
 
 from .helpers import CHAT, Setup, jsonl, line, make_setup
@@ -17,7 +17,7 @@ from .helpers import CHAT, Setup, jsonl, line, make_setup
 def new_batch(setup: Setup, data: bytes, key: str = "k1") -> BatchRow:
     now = int(setup.clock())
     row = BatchRow(
-        "batch_" + str(len(setup.store.unfinished_batches())),
+        new_id("batch_"),
         key,
         CHAT,
         setup.upload(key, data),

@@ -48,9 +48,9 @@ class ListStore:
             raise OSError("store says no")
         if self.marks.get(writer, 0) < number:
             for row, counts in batch.items():
-                held = self.rows.setdefault(row, [0, 0])
-                held[0] += counts[0]
-                held[1] += counts[1]
+                held = self.rows.setdefault(row, [0, 0, 0, 0])
+                for at, tokens in enumerate(counts):
+                    held[at] += tokens
             self.marks[writer] = number
         if self.lose_answer:
             self.lose_answer = False
@@ -93,6 +93,18 @@ async def test_requests_are_added_up_and_written_once_per_interval() -> None:
 
 
 @run_async
+async def test_a_batch_lines_tokens_are_marked_as_such() -> None:
+    store = ListStore()
+    recorder = recorder_over(store, interval_s=0.01)
+    recorder.record(Record("key_a", "m1", 3, 5))
+    recorder.record(Record("key_a", "m1", 7, 1), batch=True)
+    recorder.record(Record("key_a", "m1", 0, 0), batch=True)  # charged nothing: no row
+    assert await recorder.flush(DEADLINE_S)
+    assert await recorder.read(DAY, DAY, None) == [UsageRow(DAY, "key_a", "m1", 10, 6, 7, 1)]
+    await recorder.close()
+
+
+@run_async
 async def test_the_writer_task_ends_when_there_is_nothing_to_write() -> None:
     store = ListStore()
     recorder = recorder_over(store, interval_s=0.01)
@@ -104,7 +116,7 @@ async def test_the_writer_task_ends_when_there_is_nothing_to_write() -> None:
     assert len(asyncio.all_tasks()) == before  # idle: nothing runs
     recorder.record(Record("key_a", "m1", 1, 1))  # and the next request starts it again
     assert await recorder.flush(DEADLINE_S)
-    assert store.rows == {(DAY, "key_a", "m1"): [2, 2]}
+    assert store.rows == {(DAY, "key_a", "m1"): [2, 2, 0, 0]}
     await recorder.close()
 
 
@@ -125,8 +137,10 @@ async def test_a_failed_write_is_retried_with_the_same_batch_and_logged(
     writer = store.calls[0][0]
     numbers = [number for who, number, _ in store.calls if who == writer]
     assert numbers == [1, 1, 1, 1, 2]
-    assert all(batch == {(DAY, "key_a", "m1"): [10, 1]} for _, n, batch in store.calls if n == 1)
-    assert store.rows == {(DAY, "key_a", "m1"): [15, 6]}
+    assert all(
+        batch == {(DAY, "key_a", "m1"): [10, 1, 0, 0]} for _, n, batch in store.calls if n == 1
+    )
+    assert store.rows == {(DAY, "key_a", "m1"): [15, 6, 0, 0]}
     assert recorder.failures() == 3
     messages = [record.getMessage() for record in caplog.records]
     assert any("could not write 1 rows (attempt 1)" in m and "store says no" in m for m in messages)
@@ -145,7 +159,7 @@ async def test_a_write_whose_answer_was_lost_is_not_applied_twice(
     recorder.record(Record("key_a", "m1", 7, 3))
     assert await recorder.flush(DEADLINE_S)
     assert [number for _, number, _ in store.calls] == [1, 1]
-    assert store.rows == {(DAY, "key_a", "m1"): [7, 3]}
+    assert store.rows == {(DAY, "key_a", "m1"): [7, 3, 0, 0]}
     await recorder.close()
 
 
@@ -158,9 +172,9 @@ async def test_close_writes_what_is_left_or_says_what_it_could_not(
     recorder = recorder_over(store, interval_s=60)  # only close writes it
     recorder.record(Record("key_a", "m1", 1, 2))
     await recorder.close()
-    assert store.rows == {(DAY, "key_a", "m1"): [1, 2]} and store.closed
+    assert store.rows == {(DAY, "key_a", "m1"): [1, 2, 0, 0]} and store.closed
     recorder.record(Record("key_a", "m1", 1, 2))  # after close: logged, dropped
-    assert store.rows == {(DAY, "key_a", "m1"): [1, 2]}
+    assert store.rows == {(DAY, "key_a", "m1"): [1, 2, 0, 0]}
 
     caplog.set_level(logging.ERROR, logger=recorder_module.__name__)
     broken = ListStore()

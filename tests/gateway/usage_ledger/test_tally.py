@@ -36,3 +36,15 @@ def test_requests_add_up_per_day_key_and_model() -> None:
         UsageRow("2026-03-02", "key_a", "m1", 7, 7),
     ]
     assert len(tally) == 0 and tally.take() == {}
+
+
+def test_batch_lines_count_in_the_totals_and_apart() -> None:
+    tally = Tally(Clock(MIDNIGHT - 2))
+    tally.add("key_a", "m1", 3, 4)
+    tally.add("key_a", "m1", 10, 20, batch=True)
+    tally.add("key_a", "m1", 1, 2, batch=True)
+    tally.add("key_b", "m1", 5, 0, batch=True)
+    assert sorted(batch_rows(tally.take())) == [
+        UsageRow("2026-03-01", "key_a", "m1", 14, 26, 11, 22),
+        UsageRow("2026-03-01", "key_b", "m1", 5, 0, 5, 0),
+    ]
