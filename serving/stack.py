@@ -42,7 +42,8 @@ from serving.engine.port_check import refuse_taken
 from serving.engine.process import http_ok, terminate
 from serving.engine.supervisor import Supervisor
 from serving.errors import ServingError
-from serving.gateway.settings import API_KEY_ENV, GatewaySettings, flag_name, split_dev_keys
+from serving.gateway.setting_names import flag_name
+from serving.gateway.settings import API_KEY_ENV, GatewaySettings, split_dev_keys
 from serving.paths import dev_api_key_path, keys_db_path, logs_dir
 from serving.ports import GATEWAY_METRICS_PORT, GATEWAY_PORT
 from serving.stack_engines import (
@@ -52,7 +53,6 @@ from serving.stack_engines import (
     gateway_stack_settings,
     stack_engines,
 )
-from serving.stack_engines import gateway_engine_settings as gateway_engine_settings
 
 if TYPE_CHECKING:
     from serving.engine.launcher_metrics import LauncherMetrics

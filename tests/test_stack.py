@@ -22,9 +22,9 @@ from serving.stack import (
     add_arguments,
     banner,
     check_gateway_metrics_port,
-    gateway_engine_settings,
     gateway_image_settings,
 )
+from serving.stack_engines import gateway_engine_settings
 
 
 def profile(model: str, **fields: object) -> Profile:

@@ -30,9 +30,10 @@ from bench.gateway_overhead.report import write_results
 from bench.results_files import RESULTS_DIR, loadavg, machine, machine_lines
 from bench.routing.engines import Engine, start_engines
 from loadtest.scraper import GENERATION_TOKENS, RUNNING, WAITING
-from serving.gateway.settings import GatewaySettings, flag_name
+from serving.gateway.setting_names import flag_name
+from serving.gateway.settings import GatewaySettings
 from serving.models.tiny_model import MODEL_NAME as MODEL
-from serving.stack import gateway_engine_settings
+from serving.stack_engines import gateway_engine_settings
 
 STEM = "fairness"
 PROFILE = "cpu-tiny"

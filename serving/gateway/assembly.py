@@ -25,11 +25,11 @@ from pathlib import Path
 from serving.gateway.adapters.install import install_adapters
 from serving.gateway.admin.api import AdminApi
 from serving.gateway.auth import (
-    DEV_KEY_ID,
     Authenticator,
     Caller,
     KeyStoreAuthenticator,
     StaticKeyAuthenticator,
+    dev_key_id,
 )
 from serving.gateway.batches.install import Batches, install_batches
 from serving.gateway.batches.owners import caller_in_stores
@@ -119,8 +119,7 @@ def open_key_stores(settings: GatewaySettings, closers: Closers) -> KeyStores:
     dev = StaticKeyAuthenticator(settings.api_key_digests) if settings.api_key_digests else None
     authenticator = KeyStoreAuthenticator(stores, dev=dev)
     closers.append(authenticator.close)
-    count = len(settings.api_key_digests)
-    dev_ids = tuple(DEV_KEY_ID if index == 0 else f"{DEV_KEY_ID}-{index}" for index in range(count))
+    dev_ids = tuple(dev_key_id(index) for index in range(len(settings.api_key_digests)))
     return KeyStores(authenticator, keys_file, key_refresh, tuple(stores), dev_ids)
 
 

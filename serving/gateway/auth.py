@@ -94,16 +94,20 @@ def bearer_of_api_key(api_key: bytes | None) -> bytes | None:
     return None if api_key is None else b"Bearer " + api_key.strip()
 
 
+def dev_key_id(index: int) -> str:
+    """The public id of the development key at `index`: `dev`, then `dev-1`, `dev-2`, ..."""
+    return DEV_KEY_ID if index == 0 else f"{DEV_KEY_ID}-{index}"
+
+
 class StaticKeyAuthenticator:
     """Accepts a fixed set of keys given as `hash_secret` digests (the development keys).
 
-    The first key's public id is `dev`, further ones `dev-1`, `dev-2`, ...
+    Their public ids are `dev_key_id`'s.
     """
 
     def __init__(self, digests: Sequence[str]) -> None:
         self._entries = tuple(
-            (digest, Principal(key_id=DEV_KEY_ID if index == 0 else f"{DEV_KEY_ID}-{index}"))
-            for index, digest in enumerate(digests)
+            (digest, Principal(key_id=dev_key_id(index))) for index, digest in enumerate(digests)
         )
 
     def find(self, token: bytes | None) -> Principal | None:

@@ -20,13 +20,8 @@ from typing import TYPE_CHECKING
 
 from serving import paths
 from serving.errors import ServingError
-from serving.gateway.settings import (
-    ADMIN_KEY_ENV,
-    API_KEY_ENV,
-    ENV_PREFIX,
-    GatewaySettings,
-    cli_source,
-)
+from serving.gateway.setting_names import ENV_PREFIX
+from serving.gateway.settings import ADMIN_KEY_ENV, API_KEY_ENV, GatewaySettings, cli_source
 
 if TYPE_CHECKING:
     from serving.gateway.app import GatewayApp

@@ -49,10 +49,7 @@ from serving.errors import ServingError
 from serving.gateway.addresses import DNS_PREFIX, check_upstream, parse_nameserver
 from serving.gateway.quota.engine import DEFAULT_LEASE_TTL, DEFAULT_MAX_TOKENS
 from serving.gateway.quota.redis_store import DEFAULT_TIMEOUT_S
-from serving.gateway.setting_names import ENV_PREFIX as ENV_PREFIX
-from serving.gateway.setting_names import env_name as env_name
-from serving.gateway.setting_names import flag_name as flag_name
-from serving.gateway.setting_names import settings_error
+from serving.gateway.setting_names import ENV_PREFIX, settings_error
 from serving.gateway.usage_ledger.days import DEFAULT_RETENTION_DAYS
 from serving.ports import GATEWAY_PORT
 from serving.vllm_limits import DEFAULT_STREAM_INTERVAL

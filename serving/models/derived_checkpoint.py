@@ -9,8 +9,8 @@ and `serving up` need not import torch to build them.
 
 Usage:
     path = ensure_derived(NAME, BUILDER_VERSION, params, write, out=None, force=False)
-    tensors = read_safetensors(base / "model.safetensors")
-    write_safetensors(out / "model.safetensors", {"norm.weight": tensors["model.norm.weight"]})
+    tensors = read_safetensors(base / WEIGHTS)
+    write_safetensors(out / WEIGHTS, {"norm.weight": tensors["model.norm.weight"]})
     copy_files(base, out, ("config.json", "tokenizer_config.json"))
 """
 
@@ -40,6 +40,10 @@ from serving.paths import models_dir
 DTYPE_BYTES = {"BF16": 2, "F16": 2, "F32": 4, "I32": 4}
 _HEADER_LENGTH = struct.Struct("<Q")
 METADATA_KEY = "__metadata__"
+# The tiny chat model's weights file: every derived checkpoint reads it and writes its own.
+WEIGHTS = "model.safetensors"
+# The chat model's files a derived checkpoint keeps as they are.
+UNCHANGED_FILES = ("config.json", "special_tokens_map.json", "tokenizer_config.json")
 
 
 @dataclass(frozen=True)

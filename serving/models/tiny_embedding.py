@@ -29,6 +29,8 @@ from typing import Any
 from serving.models import tiny_tokenizer as tt
 from serving.models.cached_build import Progress, write_json
 from serving.models.derived_checkpoint import (
+    UNCHANGED_FILES,
+    WEIGHTS,
     copy_files,
     ensure_derived,
     read_safetensors,
@@ -38,7 +40,6 @@ from serving.models.derived_checkpoint import (
 # Bump when the builder's code changes what it writes; it is part of the fingerprint.
 BUILDER_VERSION = "1"
 MODEL_NAME = "qwen3-tiny-embedding"
-WEIGHTS = "model.safetensors"
 DECODER_PREFIX = "model."  # Qwen3ForCausalLM's name for its Qwen3Model
 # Appended to every tokenized input, as Qwen3-Embedding's tokenizer does since its June 2025
 # update: its last hidden state is the embedding.
@@ -49,7 +50,6 @@ POOLING_DIR = "1_Pooling"
 QUERY_PROMPT = (
     "Instruct: Given a web search query, retrieve relevant passages that answer the query\nQuery:"
 )
-COPIED = ("config.json", "special_tokens_map.json", "tokenizer_config.json")
 
 
 def ensure_tiny_embedding(
@@ -73,7 +73,7 @@ def ensure_tiny_embedding(
 
 
 def _write(base: Path, out: Path) -> dict[str, Any]:
-    copy_files(base, out, COPIED)
+    copy_files(base, out, UNCHANGED_FILES)
     tensors = read_safetensors(base / WEIGHTS)
     decoder = {
         name.removeprefix(DECODER_PREFIX): tensor

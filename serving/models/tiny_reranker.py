@@ -31,6 +31,8 @@ from typing import Any
 from serving.errors import ServingError
 from serving.models.cached_build import Progress
 from serving.models.derived_checkpoint import (
+    UNCHANGED_FILES,
+    WEIGHTS,
     copy_files,
     ensure_derived,
     read_safetensors,
@@ -40,12 +42,10 @@ from serving.models.derived_checkpoint import (
 # Bump when the builder's code changes what it writes; it is part of the fingerprint.
 BUILDER_VERSION = "1"
 MODEL_NAME = "qwen3-tiny-reranker"
-WEIGHTS = "model.safetensors"
 EMBEDDING = "model.embed_tokens.weight"  # tied: also the LM head
 # vLLM's classifier_from_token for Qwen3-Reranker: [false token, true token].
 NO, YES = "no", "yes"
 NO_SOURCE = "Ġno"  # byte-level BPE's " no": the row the new "no" starts from
-COPIED = ("config.json", "special_tokens_map.json", "tokenizer_config.json")
 
 
 def ensure_tiny_reranker(
@@ -69,7 +69,7 @@ def ensure_tiny_reranker(
 
 
 def _write(base: Path, out: Path) -> dict[str, Any]:
-    copy_files(base, out, COPIED)
+    copy_files(base, out, UNCHANGED_FILES)
     tokenizer, no_id = with_single_token_no((base / "tokenizer.json").read_text(encoding="utf-8"))
     vocab = json.loads(tokenizer)["model"]["vocab"]
     if YES not in vocab:

@@ -13,7 +13,8 @@ import pytest
 
 from serving import cli
 from serving.gateway.command import settings_from_args
-from serving.gateway.settings import ENV_PREFIX, GatewaySettings
+from serving.gateway.setting_names import ENV_PREFIX
+from serving.gateway.settings import GatewaySettings
 
 
 @pytest.fixture(autouse=True)

@@ -17,7 +17,8 @@ from serving.errors import ServingError
 from serving.gateway import command
 from serving.gateway.command import build_server
 from serving.gateway.keys.credentials import hash_secret
-from serving.gateway.settings import GatewaySettings, env_name, flag_name
+from serving.gateway.setting_names import env_name, flag_name
+from serving.gateway.settings import GatewaySettings
 from tests.gateway.settings_env import clean_environment, from_flags  # noqa: F401
 
 URL = "http://127.0.0.1:8001"

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from serving.gateway.settings import flag_name
+from serving.gateway.setting_names import flag_name
 from serving.gateway.shared_slots import TTL_INTERVALS
 from serving.profiles import load_profile
-from serving.stack import gateway_engine_settings
+from serving.stack_engines import gateway_engine_settings
 from tests.gateway.quota.redis_server import RedisServer
 from tests.integration.conftest import Stack, eventually, scrape, total
 from tests.integration.test_fair_sharing import (

@@ -12,7 +12,8 @@ import pytest
 import yaml
 
 from serving.gateway.batches.install import batch_paths
-from serving.gateway.settings import ENV_PREFIX, GatewaySettings
+from serving.gateway.setting_names import ENV_PREFIX
+from serving.gateway.settings import GatewaySettings
 from tests.k8s.rendered import (
     K8S_DIR,
     NAMESPACE,

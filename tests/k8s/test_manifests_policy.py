@@ -19,7 +19,8 @@ import yaml
 from monitoring.exported import exported_names
 from monitoring.prometheus.series import ENGINE, GATEWAY
 from monitoring.promql import metric_names
-from serving.gateway.settings import ENV_PREFIX, GatewaySettings
+from serving.gateway.setting_names import ENV_PREFIX
+from serving.gateway.settings import GatewaySettings
 from serving.k8s.engine_patch import PROFILE_ANNOTATION
 from serving.k8s.overlays import OVERLAYS
 from serving.profiles import Profile, load_profile

@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-from serving.gateway.settings import ENV_PREFIX
+from serving.gateway.setting_names import ENV_PREFIX
 from tests.k8s.rendered import (
     Obj,
     Rendered,
