@@ -284,8 +284,10 @@ def assemble(
         settings,
         completions,
         catalog,
+        quota=quota.engine,
         find_owner=None if authenticator else keys.caller_of,  # a test's: callers as seen
         observe=observe,
+        written=usage.flush if isinstance(usage, UsageRecorder) else None,
     )
     if batches is not None:
         async_closers.append(batches.close)

@@ -1,22 +1,29 @@
 """The Batch API built from the settings, or nothing when there is nowhere to keep it.
 
-    batches = install_batches(settings, completions, catalog, owners_find, observe=...)
+    batches = install_batches(settings, completions, catalog, quota=..., find_owner=...,
+                              observe=..., written=usage.flush)
     batches.api.serve(...); batches.runner.start(); await batches.close()
     gateway_metrics.add_source(batches.metrics.families)   # the batch series
 
 The database is `batch_db`, else batches.db beside keys.db; the contents `batch_files_dir`,
 else batch-files beside the database. Without either path (no keys.db) it is not served.
+A line's run returns to the runner only once `written` says its charge (observed through
+`observe`, the usage ledger's) is in the ledger's store, and a run a dead gateway cut is
+charged through the same two.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import logging
+import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from serving.gateway.auth import Caller
 from serving.gateway.batches.api import BatchApi, Limits
+from serving.gateway.batches.attempts import Attempt, line_reservation
 from serving.gateway.batches.contents import FileContents
 from serving.gateway.batches.line_call import LineResult, call_line
 from serving.gateway.batches.metrics import BatchMetrics
@@ -30,10 +37,17 @@ from serving.gateway.errors import ModelNotFoundError, UpstreamUnavailableError
 from serving.gateway.images import ImagePolicy
 from serving.gateway.metrics import RequestRecord
 from serving.gateway.openai_request import check_admitted, parse_completion_request
+from serving.gateway.quota import QuotaEngine
 from serving.gateway.request_fields import Kind
 from serving.gateway.settings import GatewaySettings
 
 FILES_DIR_NAME = "batch-files"
+Written = Callable[[float], Awaitable[bool]]
+"""Waits (up to a timeout) until every charge observed so far is written: True if it is."""
+WRITE_WAIT_S = 5.0
+"""How long one wait for the ledger's store lasts before it is logged and waited again."""
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -64,8 +78,10 @@ def install_batches(
     completions: Completions,
     catalog: ModelCatalog,
     *,
+    quota: QuotaEngine,
     find_owner: Callable[[str], Caller | None] | None,
     observe: Callable[[RequestRecord], None],
+    written: Written | None,
 ) -> Batches | None:
     paths = batch_paths(settings)
     if paths is None:
@@ -79,22 +95,53 @@ def install_batches(
         metrics.observe(record)
         observe(record)
 
-    async def execute(kind: Kind, caller: Caller, body: bytes, path: str) -> LineResult:
-        return await call_line(
+    async def charges_written() -> None:
+        while written is not None and not await written(WRITE_WAIT_S):
+            logger.warning("batch lines wait for the usage ledger to write their charges")
+
+    async def execute(kind: Kind, caller: Caller, body: bytes, path: str, rid: str) -> LineResult:
+        result = await call_line(
             completions,
             kind,
             caller,
             body,
             path,
+            request_id=rid,
             observe=observe_line,
             retry_after_s=settings.retry_after_s,
         )
+        await charges_written()
+        return result
+
+    def reserve(kind: Kind, caller: Caller, body: bytes) -> tuple[str, int, int]:
+        return line_reservation(
+            quota,
+            catalog,
+            caller,
+            kind,
+            body,
+            images=completions.images,
+            max_inputs=settings.max_pooling_inputs,
+            retry_after_s=settings.retry_after_s,
+        )
+
+    async def charge_cut(attempt: Attempt) -> None:
+        record = RequestRecord(time.perf_counter())  # status 0: counted as cut (499)
+        record.key, record.model = attempt.key_id, attempt.model
+        record.prompt_tokens, record.completion_tokens = (
+            attempt.prompt_tokens,
+            attempt.completion_tokens,
+        )
+        observe_line(record)
+        await charges_written()
 
     runner = BatchRunner(
         store,
         contents,
         owners,
         execute=execute,
+        reserve=reserve,
+        charge_cut=charge_cut,
         check_for=body_checks(
             catalog,
             images=completions.images,

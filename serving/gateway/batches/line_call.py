@@ -3,7 +3,7 @@
 settle), with an in-memory receive/send pair that captures the answer.
 
     result = await call_line(completions, "chat", caller, body, "/v1/chat/completions",
-                             observe=record_metrics)
+                             request_id="5f0c...", observe=record_metrics, retry_after_s=1)
 
 The line's `RequestRecord` is observed like an interactive request's (metrics, usage
 ledger), so its tokens count for the key exactly as the same request would.
@@ -21,7 +21,6 @@ from serving.gateway.auth import Caller
 from serving.gateway.completions import Completions
 from serving.gateway.errors import GatewayError
 from serving.gateway.fair_queue import lowest_class
-from serving.gateway.forwarded_headers import request_id
 from serving.gateway.metrics import RequestRecord
 from serving.gateway.proxy import ProxyRequest
 from serving.gateway.quota import QuotaStoreUnavailable
@@ -67,10 +66,12 @@ async def call_line(
     body: bytes,
     path: str,
     *,
+    request_id: str,
     observe: Callable[[RequestRecord], None],
     retry_after_s: float,
 ) -> LineResult:
-    rid = request_id(None)
+    """`request_id` is the line's run's id, sent to the engine as its x-request-id."""
+    rid = request_id.encode()
     record = RequestRecord(time.perf_counter())
     record.key = caller.key_id
     capture = _Capture()

@@ -2,13 +2,17 @@
 most `concurrency` of a batch at once, each through `line_call`), and writes the output
 and error files when a batch ends (completed, cancelled, expired).
 
-    runner = BatchRunner(store, contents, owners, execute=..., concurrency=4)
+    runner = BatchRunner(store, contents, owners, execute=..., reserve=..., charge_cut=...,
+                         concurrency=4)
     runner.start(); runner.wake(); await runner.stop()    # the gateway's lifespan
 
 Rules:
-- a finished line's output line is recorded at once (`BatchStore.add_result`); a batch
-  resumed after a restart runs only the lines without one (a line running when the
-  gateway died runs again: at least once);
+- a line's run is kept as an attempt (`BatchStore.start_attempt`, with its reservation)
+  before it is sent; `execute` returns once the run's charge is written, and its output line
+  is then recorded with the attempt's end in one transaction (`BatchStore.add_result`);
+- a batch resumed after a restart runs only the lines without a result: a line running
+  when the gateway died runs again (at least once), and its cut run is charged its
+  reservation once (`charge_cut`) in the first round, before any line starts;
 - a line refused for now (429, 503) waits its Retry-After and tries again until the
   batch's `expires_at`; any other answer is its result (4xx and 5xx: the error file);
 - cancelling or expiry starts no new line; running ones finish, then the files are written
@@ -30,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from serving.gateway.auth import Caller
+from serving.gateway.batches.attempts import Attempt
 from serving.gateway.batches.contents import FileContents
 from serving.gateway.batches.line_call import LineResult
 from serving.gateway.batches.metrics import LineOutcome
@@ -46,11 +51,17 @@ from serving.gateway.batches.owners import Owners
 from serving.gateway.batches.store import BatchStore
 from serving.gateway.batches.validation import ENDPOINTS, BatchLine, BodyCheck, error, validate
 from serving.gateway.errors import UpstreamError
+from serving.gateway.forwarded_headers import request_id
 from serving.gateway.request_fields import Kind
 
 logger = logging.getLogger(__name__)
 
-Execute = Callable[[Kind, Caller, bytes, str], Awaitable[LineResult]]
+Execute = Callable[[Kind, Caller, bytes, str, str], Awaitable[LineResult]]
+"""Runs a line (kind, caller, body, endpoint, request id); returns once its charge is written."""
+Reserve = Callable[[Kind, Caller, bytes], tuple[str, int, int]]
+"""A line's reservation: (model label, prompt part, completion part) (`line_reservation`)."""
+ChargeCut = Callable[[Attempt], Awaitable[None]]
+"""Charges a cut run's reservation to its key; returns once the charge is written."""
 CheckFor = Callable[[Caller], BodyCheck]
 POLL_S = 0.5
 PURGE_EVERY_S = 60.0
@@ -74,6 +85,8 @@ class BatchRunner:
         owners: Owners,
         *,
         execute: Execute,
+        reserve: Reserve,
+        charge_cut: ChargeCut,
         check_for: CheckFor,
         concurrency: int,
         max_lines: int,
@@ -85,6 +98,9 @@ class BatchRunner:
         self._contents = contents
         self._owners = owners
         self._execute = execute
+        self._reserve = reserve
+        self._charge_cut = charge_cut
+        self._cuts_charged = False
         self._check_for = check_for
         self._concurrency = concurrency
         self._max_lines = max_lines
@@ -126,7 +142,10 @@ class BatchRunner:
             self._wake.clear()
 
     async def run_once(self) -> None:
-        """One round: every unfinished batch advanced as far as it can go now."""
+        """One round: every unfinished batch advanced as far as it can go now (the first
+        round charges the runs a dead gateway cut first)."""
+        if not self._cuts_charged:
+            await self._charge_cuts()
         now = self._clock()
         for row in self._store.unfinished_batches():
             await self._advance(row, now)
@@ -135,6 +154,20 @@ class BatchRunner:
             for expired in self._store.expired_files(int(now)):
                 self._store.delete_file(expired.key_id, expired.id)
                 self._contents.delete(expired.id)
+
+    async def _charge_cuts(self) -> None:
+        """Each attempt a dead gateway left running: its reservation charged once (marked
+        only after the charge is written: a kill in between charges it again, never not)."""
+        cut = self._store.running_attempts()
+        for attempt in cut:
+            await self._charge_cut(attempt)
+            self._store.mark_cut(attempt.request_id)
+        if cut:
+            tokens = sum(attempt.prompt_tokens + attempt.completion_tokens for attempt in cut)
+            logger.warning(
+                "batch lines: %d runs cut by a restart charged %d tokens", len(cut), tokens
+            )
+        self._cuts_charged = True
 
     def running(self, batch_id: str) -> int:
         work = self._work.get(batch_id)
@@ -219,10 +252,20 @@ class BatchRunner:
 
     async def _run_line(self, row: BatchRow, kind: Kind, caller: Caller, line: BatchLine) -> None:
         while True:
-            result = await self._execute(kind, caller, line.body, row.endpoint)
+            rid = request_id(None).decode()
+            model, prompt, completion = self._reserve(kind, caller, line.body)
+            attempt = Attempt(row.id, line.line, rid, row.key_id, model, prompt, completion)
+            self._store.start_attempt(attempt)
+            try:
+                result = await self._execute(kind, caller, line.body, row.endpoint, rid)
+            except BaseException:
+                # Cut here (a stop, a cancel) or failed: the run was charged as it ended.
+                self._store.drop_attempt(rid)
+                raise
             retry = result.retry_after_s
             if retry is None:
                 break
+            self._store.drop_attempt(rid)  # refused for now: nothing ran
             if self._clock() + retry >= row.expires_at or self._stopping(row.id):
                 return  # not run: the batch ends without it
             work = self._work[row.id]
@@ -234,9 +277,8 @@ class BatchRunner:
             if self._stopping(row.id):
                 return
         ok = 200 <= result.status < 300
-        self._store.add_result(
-            row.id, line.line, line.custom_id, ok=ok, text=_output_line(line.custom_id, result)
-        )
+        text = _output_line(line.custom_id, result)
+        self._store.add_result(row.id, line.line, line.custom_id, ok=ok, text=text, attempt=rid)
         self._count_line("completed" if ok else "failed")
 
     def _stopping(self, batch_id: str) -> bool:

@@ -1,14 +1,17 @@
 """The Batch API's state in one SQLite file (beside keys.db): each key's files, its
-batches, and every finished line's result, written as the line finishes so a restarted
-gateway runs only the lines still missing.
+batches, every line run sent (its attempt) and every finished line's result, written as the
+line finishes so a restarted gateway runs only the lines still missing.
 
     store = BatchStore(Path("var/batches.db"))
     store.add_file(row); store.get_file(key_id, file_id)   # None for another key's id
-    store.add_result(batch_id, line, custom_id, ok=True, text=output_line)
+    store.start_attempt(attempt)                            # before the line is sent
+    store.add_result(batch_id, line, custom_id, ok=True, text=output_line, attempt=rid)
 
 Rules: every read of a file or batch names its owner's key id, so another key's id is
 answered exactly as a missing one; lists are newest first by insertion order; calls are
-serialised by one lock (the gateway calls them from the event loop and worker threads).
+serialised by one lock (the gateway calls them from the event loop and worker threads); a
+result and the end of its attempt are one transaction, so an attempt still running when a
+gateway starts is a run a dead gateway cut (`running_attempts`).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from serving.gateway.batches.attempts import Attempt
 from serving.gateway.batches.objects import TIMESTAMPS, BatchRow, FileRow
 from serving.gateway.quota.sqlite_db import connect_wal
 
@@ -47,8 +51,20 @@ _SCHEMA = (
     text TEXT NOT NULL,
     PRIMARY KEY (batch_id, line)
 )""",
+    """CREATE TABLE IF NOT EXISTS batch_attempts (
+    request_id TEXT PRIMARY KEY,
+    batch_id TEXT NOT NULL,
+    line INTEGER NOT NULL,
+    key_id TEXT NOT NULL,
+    model TEXT NOT NULL,
+    prompt_tokens INTEGER NOT NULL,
+    completion_tokens INTEGER NOT NULL,
+    cut INTEGER NOT NULL DEFAULT 0  -- 1: cut by a dead gateway, its reservation charged
+)""",
     "CREATE INDEX IF NOT EXISTS batches_by_status ON batches (status)",
+    "CREATE INDEX IF NOT EXISTS batch_attempts_by_cut ON batch_attempts (cut, batch_id)",
 )
+_ATTEMPT_COLUMNS = "batch_id, line, request_id, key_id, model, prompt_tokens, completion_tokens"
 DB_NAME = "batches.db"
 """Its name beside keys.db, where the gateway and `serving batches list` look by default."""
 _FILE_COLUMNS = "id, key_id, filename, purpose, bytes, created_at, expires_at"
@@ -203,13 +219,78 @@ class BatchStore:
 
     # results
 
-    def add_result(self, batch_id: str, line: int, custom_id: str, *, ok: bool, text: str) -> None:
-        """A finished line's output (or error) line; the first one recorded stays."""
+    def add_result(
+        self,
+        batch_id: str,
+        line: int,
+        custom_id: str,
+        *,
+        ok: bool,
+        text: str,
+        attempt: str | None = None,
+    ) -> None:
+        """A finished line's output (or error) line, and the end of its run `attempt` (a
+        request id), in one transaction; the first result recorded stays."""
+        with self._lock:
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                self._conn.execute(
+                    "INSERT OR IGNORE INTO batch_results VALUES (?, ?, ?, ?, ?)",
+                    (batch_id, line, custom_id, int(ok), text),
+                )
+                if attempt is not None:
+                    self._conn.execute(
+                        "DELETE FROM batch_attempts WHERE request_id = ?", (attempt,)
+                    )
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+            self._conn.execute("COMMIT")
+
+    # attempts
+
+    def start_attempt(self, attempt: Attempt) -> None:
+        """A line's run about to be sent (committed before it is)."""
         with self._lock:
             self._conn.execute(
-                "INSERT OR IGNORE INTO batch_results VALUES (?, ?, ?, ?, ?)",
-                (batch_id, line, custom_id, int(ok), text),
+                f"INSERT INTO batch_attempts ({_ATTEMPT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (attempt.batch_id, attempt.line, attempt.request_id, attempt.key_id,
+                 attempt.model, attempt.prompt_tokens, attempt.completion_tokens),
+            )  # fmt: skip
+
+    def drop_attempt(self, request_id: str) -> None:
+        """A run that ends without a result: refused for now, or charged as it ended."""
+        with self._lock:
+            self._conn.execute(
+                "DELETE FROM batch_attempts WHERE request_id = ? AND cut = 0", (request_id,)
             )
+
+    def running_attempts(self) -> list[Attempt]:
+        """Runs sent and not ended, oldest first: at a gateway's start, the ones cut."""
+        return self._attempts(0, None)
+
+    def cut_attempts(self, batch_id: str | None = None) -> list[Attempt]:
+        """Runs found cut and charged their reservation (of one batch, or every one)."""
+        return self._attempts(1, batch_id)
+
+    def mark_cut(self, request_id: str) -> None:
+        """The cut run was charged: kept as a record, never charged again."""
+        with self._lock:
+            self._conn.execute(
+                "UPDATE batch_attempts SET cut = 1 WHERE request_id = ?", (request_id,)
+            )
+
+    def _attempts(self, cut: int, batch_id: str | None) -> list[Attempt]:
+        where, params = "cut = ?", list[Any]([cut])
+        if batch_id is not None:
+            where += " AND batch_id = ?"
+            params.append(batch_id)
+        with self._lock:
+            rows = self._conn.execute(
+                f"SELECT {_ATTEMPT_COLUMNS} FROM batch_attempts WHERE {where} ORDER BY rowid",
+                params,
+            ).fetchall()
+        return [Attempt(*row) for row in rows]
 
     def done_lines(self, batch_id: str) -> set[int]:
         with self._lock:

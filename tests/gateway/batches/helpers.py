@@ -1,9 +1,10 @@
 """What the Batch API's tests share: a store and contents in a temporary directory, a
-clock the test moves, input files, a fake line executor, and a batch run through a test
-gateway's HTTP API (`run_batch`)."""
+clock the test moves, input files, a fake line executor (its runs' reservations and the
+cut runs it was charged), and a batch run through a test gateway's HTTP API (`run_batch`)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -11,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from serving.gateway.auth import Caller, Principal
+from serving.gateway.batches.attempts import Attempt
 from serving.gateway.batches.contents import FileContents
 from serving.gateway.batches.line_call import LineResult
 from serving.gateway.batches.metrics import LineOutcome
@@ -53,22 +55,41 @@ def no_check(caller: Caller) -> BodyCheck:
     return check
 
 
+RESERVED = ("m", 7, 4)
+"""What `FakeEngine.reserve` says every line's run may cost: (model, prompt, completion)."""
+
+
 @dataclass
 class FakeEngine:
-    """Answers each line with its `content` echoed; `answers` overrides by content."""
+    """Answers each line with its `content` echoed; `answers` overrides by content. A line
+    whose content is in `held` waits for that event before it answers."""
 
     answers: dict[str, list[LineResult]] = field(default_factory=dict)
     calls: list[str] = field(default_factory=list)
+    request_ids: list[str] = field(default_factory=list)
+    held: dict[str, asyncio.Event] = field(default_factory=dict)
+    cuts_charged: list[Attempt] = field(default_factory=list)
 
-    async def __call__(self, kind: Kind, caller: Caller, body: bytes, path: str) -> LineResult:
+    async def __call__(
+        self, kind: Kind, caller: Caller, body: bytes, path: str, request_id: str
+    ) -> LineResult:
         content = json.loads(body)["messages"][0]["content"]
         self.calls.append(content)
+        self.request_ids.append(request_id)
+        if content in self.held:
+            await self.held[content].wait()
         queued = self.answers.get(content)
         if queued:
             return queued.pop(0)
         usage = {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
         answer = {"object": "chat.completion", "content": content, "usage": usage}
-        return LineResult(200, json.dumps(answer).encode(), "req-1")
+        return LineResult(200, json.dumps(answer).encode(), request_id)
+
+    def reserve(self, kind: Kind, caller: Caller, body: bytes) -> tuple[str, int, int]:
+        return RESERVED
+
+    async def charge_cut(self, attempt: Attempt) -> None:
+        self.cuts_charged.append(attempt)
 
 
 @dataclass
@@ -87,6 +108,8 @@ class Setup:
             self.contents,
             self.owners,
             execute=self.engine,
+            reserve=self.engine.reserve,
+            charge_cut=self.engine.charge_cut,
             check_for=no_check,
             concurrency=concurrency,
             max_lines=100,

@@ -38,6 +38,7 @@ class Handler:
         record: RequestRecord,
     ) -> None:
         self.seen.append((kind, request.target, request.body, in_lowest_class()))
+        assert request.request_id == b"run-1"  # the run's id, as the runner kept it
         gone = asyncio.ensure_future(receive())
         await asyncio.sleep(0.01)
         assert not gone.done()  # a line has no client to go away
@@ -59,6 +60,7 @@ def line(handler: Handler) -> tuple[LineResult, list[RequestRecord]]:
             Principal("k1"),
             BODY,
             CHAT,
+            request_id="run-1",
             observe=observed.append,
             retry_after_s=2.5,
         )
@@ -71,7 +73,7 @@ def test_the_answer_is_captured_and_observed_once_in_the_lowest_class() -> None:
     result, observed = line(handler)
     assert (result.status, result.retry_after_s) == (200, None)
     assert json.loads(result.body) == {"id": "x"}
-    assert result.request_id and handler.seen == [("chat", CHAT.encode(), BODY, True)]
+    assert result.request_id == "run-1" and handler.seen == [("chat", CHAT.encode(), BODY, True)]
     assert [(record.key, record.status) for record in observed] == [("k1", 200)]
     assert not in_lowest_class()  # only the line's own task
 

@@ -1,5 +1,6 @@
 """The runner: lines run once each, cancel and expiry keep what was done, a restart runs
-only the lines without a result, and refusals for now are retried."""
+only the lines without a result, and refusals for now are retried; a run is kept as an
+attempt until its result, and a restart charges each run a dead gateway cut once."""
 
 from __future__ import annotations
 
@@ -7,11 +8,14 @@ import asyncio
 import json
 from pathlib import Path
 
+import pytest
+
+from serving.gateway.batches.attempts import Attempt
 from serving.gateway.batches.line_call import LineResult
 from serving.gateway.batches.objects import WINDOW_S, BatchRow, new_id
 from serving.gateway.batches.runner import BatchRunner
 
-from .helpers import CHAT, Setup, jsonl, line, make_setup
+from .helpers import CHAT, RESERVED, Setup, jsonl, line, make_setup
 
 
 def new_batch(setup: Setup, data: bytes, key: str = "k1") -> BatchRow:
@@ -95,6 +99,8 @@ def test_a_refusal_for_now_is_retried_not_failed(tmp_path: Path) -> None:
             setup.runner(), setup, new_batch(setup, jsonl(line("a"))).id, "completed"
         )
         assert setup.engine.calls == ["a", "a", "a"] and (row.completed, row.failed) == (1, 0)
+        assert len(set(setup.engine.request_ids)) == 3  # a run each, none left running
+        assert setup.store.running_attempts() == [] == setup.store.cut_attempts()
 
     asyncio.run(scenario())
 
@@ -107,9 +113,9 @@ def test_cancel_lets_running_lines_finish_and_starts_no_more(tmp_path: Path) -> 
         release = gate()
         engine = setup.engine
 
-        async def slow(kind, caller, body, path):  # type: ignore[no-untyped-def]
+        async def slow(kind, caller, body, path, rid):  # type: ignore[no-untyped-def]
             await release.wait()
-            return await engine(kind, caller, body, path)
+            return await engine(kind, caller, body, path, rid)
 
         runner = setup.runner(concurrency=1)
         runner._execute = slow  # one line held running while the batch is cancelled
@@ -165,5 +171,110 @@ def test_a_restart_runs_only_the_lines_without_a_result(tmp_path: Path) -> None:
         ended = await settle(reopened.runner(), reopened, row.id, "completed")
         assert sorted(reopened.engine.calls) == ["a", "c"]
         assert [o["custom_id"] for o in lines_of(reopened, ended.output_file_id)] == ["a", "b", "c"]
+
+    asyncio.run(scenario())
+
+
+def test_a_run_is_an_attempt_with_its_reservation_until_its_result(tmp_path: Path) -> None:
+    setup = make_setup(tmp_path)
+    setup.engine.held["a"] = asyncio.Event()
+
+    async def scenario() -> None:
+        runner = setup.runner(concurrency=1)
+        row = new_batch(setup, jsonl(line("a")))
+        await settle(runner, setup, row.id, "in_progress")
+        await runner.run_once()
+        for _ in range(100):  # the line's task reaches the engine
+            if setup.engine.request_ids:
+                break
+            await asyncio.sleep(0.002)
+        (rid,) = setup.engine.request_ids
+        assert setup.store.running_attempts() == [Attempt(row.id, 1, rid, "k1", *RESERVED)]
+        setup.engine.held["a"].set()
+        ended = await settle(runner, setup, row.id, "completed")
+        assert lines_of(setup, ended.output_file_id)[0]["response"]["request_id"] == rid  # type: ignore[index]
+        assert setup.store.running_attempts() == [] == setup.engine.cuts_charged
+
+    asyncio.run(scenario())
+
+
+def test_a_stopped_runner_leaves_no_attempt_to_charge_again(tmp_path: Path) -> None:
+    # A stop cuts the running line in `call_line`, which charges it as it ends.
+    setup = make_setup(tmp_path)
+    setup.engine.held["a"] = asyncio.Event()
+
+    async def scenario() -> None:
+        runner = setup.runner(concurrency=1)
+        row = new_batch(setup, jsonl(line("a")))
+        await settle(runner, setup, row.id, "in_progress")
+        await runner.run_once()
+        for _ in range(100):
+            if setup.store.running_attempts() and setup.engine.calls:
+                break
+            await asyncio.sleep(0.002)
+        assert len(setup.store.running_attempts()) == 1
+        await runner.stop()
+        assert setup.store.running_attempts() == []
+
+    asyncio.run(scenario())
+
+
+def test_a_restart_charges_each_cut_run_once_before_running_its_line_again(
+    tmp_path: Path,
+) -> None:
+    setup = make_setup(tmp_path)
+
+    async def scenario() -> None:
+        row = new_batch(setup, jsonl(line("a"), line("b"), line("c")))
+        await settle(setup.runner(), setup, row.id, "in_progress")
+        # What a killed gateway leaves: b's result recorded, a and c sent without a result.
+        cut = [
+            Attempt(row.id, 1, "run-a", "k1", "m", 11, 8),
+            Attempt(row.id, 3, "run-c", "k1", "m", 12, 8),
+        ]
+        for attempt in cut:
+            setup.store.start_attempt(attempt)
+        setup.store.add_result(row.id, 2, "b", ok=True, text='{"custom_id": "b"}')
+        setup.store.close()
+
+        reopened = make_setup(tmp_path)
+        runner = reopened.runner()
+        await runner.run_once()  # the first round charges them before any line starts
+        assert reopened.engine.cuts_charged == cut and reopened.engine.calls == []
+        ended = await settle(runner, reopened, row.id, "completed")
+        assert sorted(reopened.engine.calls) == ["a", "c"]
+        assert [o["custom_id"] for o in lines_of(reopened, ended.output_file_id)] == ["a", "b", "c"]
+        assert reopened.store.cut_attempts(row.id) == cut
+        assert reopened.store.running_attempts() == []
+        reopened.store.close()
+
+        again = make_setup(tmp_path)  # another restart: they were charged already
+        await again.runner().run_once()
+        assert again.engine.cuts_charged == []
+
+    asyncio.run(scenario())
+
+
+def test_a_cut_run_whose_charge_failed_is_charged_in_a_later_round(tmp_path: Path) -> None:
+    setup = make_setup(tmp_path)
+    attempt = Attempt("batch_x", 1, "run-x", "k1", "m", 5, 4)
+    setup.store.start_attempt(attempt)
+    failures = [RuntimeError("the ledger is down")]
+    charged: list[Attempt] = []
+
+    async def charge(cut: Attempt) -> None:
+        if failures:
+            raise failures.pop()
+        charged.append(cut)
+
+    async def scenario() -> None:
+        runner = setup.runner()
+        runner._charge_cut = charge
+        with pytest.raises(RuntimeError):  # the runner's loop logs it and goes on
+            await runner.run_once()
+        assert charged == [] and setup.store.running_attempts() == [attempt]
+        await runner.run_once()
+        await runner.run_once()
+        assert charged == [attempt] and setup.store.cut_attempts() == [attempt]
 
     asyncio.run(scenario())

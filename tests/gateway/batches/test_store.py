@@ -1,9 +1,11 @@
-"""The store: per key rows, pages, conditional status changes, and a reopened file."""
+"""The store: per key rows, pages, conditional status changes, a reopened file, and a run's
+attempt from its start to its result (or its charge as cut)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from serving.gateway.batches.attempts import Attempt
 from serving.gateway.batches.objects import BatchRow, FileRow
 from serving.gateway.batches.store import BatchStore
 
@@ -62,3 +64,26 @@ def test_state_survives_reopening(tmp_path: Path) -> None:
     assert reopened.done_lines("batch_a") == {1, 2}
     assert reopened.result_counts("batch_a") == (1, 1)
     assert reopened.results("batch_a") == [(1, False, "{}"), (2, True, "{}")]
+
+
+def test_a_result_ends_its_attempt_and_a_cut_one_stays_on_record(tmp_path: Path) -> None:
+    store = BatchStore(tmp_path / "b.db")
+    first, second = (
+        Attempt("batch_a", 1, "r1", "k1", "m", 9, 4),
+        Attempt("batch_a", 2, "r2", "k1", "m", 8, 4),
+    )
+    store.start_attempt(first)
+    store.start_attempt(second)
+    store.add_result("batch_a", 1, "one", ok=True, text="{}", attempt="r1")
+    assert store.running_attempts() == [second] and store.done_lines("batch_a") == {1}
+    store.close()
+    reopened = BatchStore(tmp_path / "b.db")  # a restart finds the run without a result
+    assert reopened.running_attempts() == [second]
+    reopened.mark_cut("r2")
+    reopened.drop_attempt("r2")  # a charged cut stays on record
+    assert reopened.running_attempts() == [] and reopened.cut_attempts("batch_a") == [second]
+    assert reopened.cut_attempts("batch_b") == []
+    third = Attempt("batch_a", 2, "r3", "k1", "m", 8, 4)
+    reopened.start_attempt(third)
+    reopened.drop_attempt("r3")  # refused for now: nothing ran
+    assert reopened.running_attempts() == []
