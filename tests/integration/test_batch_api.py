@@ -1,11 +1,13 @@
 """The Batch API with the official `openai` client against real vLLM on the tiny model
 (docs/batches.md): upload, create, poll, download; each line charged to its key as the
-interactive request; another key's ids answered 404; cancel; a bad file fails with its lines.
+interactive request; another key's ids answered 404; cancel; expiry; a bad file fails with
+its lines.
 """
 
 from __future__ import annotations
 
 import json
+import sqlite3
 import time
 from typing import Any, Final
 
@@ -13,6 +15,7 @@ import openai
 import pytest
 from openai.types import Batch
 
+from serving.gateway.batches.store import DB_NAME
 from tests.integration.conftest import MODEL, Stack
 from tests.integration.test_gateway_quota import charged, client, create_key
 
@@ -55,6 +58,15 @@ def _wait(api: openai.OpenAI, batch_id: str, *ends: str) -> Batch:
 def _lines(api: openai.OpenAI, file_id: str | None) -> list[dict[str, Any]]:
     assert file_id is not None
     return [json.loads(text) for text in api.files.content(file_id).text.splitlines()]
+
+
+def _wait_completed(api: openai.OpenAI, batch_id: str, lines: int) -> None:
+    deadline = time.monotonic() + BATCH_DEADLINE_S
+    while (counts := api.batches.retrieve(batch_id).request_counts) is None or (
+        counts.completed < lines
+    ):
+        assert time.monotonic() < deadline, f"{lines} lines did not finish"
+        time.sleep(0.5)
 
 
 def test_a_batch_runs_to_completed_charged_as_its_lines(stack: Stack) -> None:
@@ -104,12 +116,7 @@ def test_a_cancelled_batch_keeps_the_lines_done(stack: Stack) -> None:
     api = client(stack, secret)
     lines = [_line(f"line-{n}", _chat(f"Count to {n}.")) for n in range(6)]
     batch = _submit(api, lines)
-    deadline = time.monotonic() + BATCH_DEADLINE_S
-    while (counts := api.batches.retrieve(batch.id).request_counts) is None or (
-        counts.completed < 2
-    ):
-        assert time.monotonic() < deadline, "two lines did not finish"
-        time.sleep(0.5)
+    _wait_completed(api, batch.id, 2)
 
     assert api.batches.cancel(batch.id).status in ("cancelling", "cancelled")
     done = _wait(api, batch.id, "cancelled")
@@ -121,6 +128,35 @@ def test_a_cancelled_batch_keeps_the_lines_done(stack: Stack) -> None:
     spent = sum(
         line["response"]["body"]["usage"]["total_tokens"] for line in outputs
     )  # the lines refused by the key's rpm were charged nothing
+    assert charged(stack, key_id, "prompt") + charged(stack, key_id, "completion") == spent
+
+
+def test_a_batch_past_its_window_expires_keeping_the_lines_done(stack: Stack) -> None:
+    # Two requests a minute: two lines run, the others wait for the key's window ...
+    key_id, secret = create_key(stack, "batch-expiry", "--rpm", "2")
+    api = client(stack, secret)
+    ids = [f"line-{n}" for n in range(5)]
+    batch = _submit(api, [_line(i, _chat(f"Count to {n}.")) for n, i in enumerate(ids)])
+    _wait_completed(api, batch.id, 2)
+    # ... when its 24 hours pass: the gateway's own batches.db says so (one field of the
+    # batch's state, written in place, as the clock would have made it true).
+    with sqlite3.connect(stack.keys_db.parent / DB_NAME) as db:
+        moved = db.execute(
+            "UPDATE batches SET state = json_set(state, '$.expires_at', ?) WHERE id = ?",
+            (int(time.time()) - 1, batch.id),
+        ).rowcount
+    assert moved == 1
+
+    done = _wait(api, batch.id, "expired", "completed", "failed", "cancelled")
+    assert done.status == "expired" and done.expired_at and done.finalizing_at, done
+    assert done.request_counts is not None
+    assert (done.request_counts.total, done.request_counts.completed) == (5, 2)
+    outputs = _lines(api, done.output_file_id)
+    assert all(line["response"]["status_code"] == 200 for line in outputs) and len(outputs) == 2
+    expired = _lines(api, done.error_file_id)  # each line not run, once, with OpenAI's code
+    assert all(line["error"]["code"] == "batch_expired" for line in expired), expired
+    assert sorted(line["custom_id"] for line in outputs + expired) == sorted(ids)
+    spent = sum(line["response"]["body"]["usage"]["total_tokens"] for line in outputs)
     assert charged(stack, key_id, "prompt") + charged(stack, key_id, "completion") == spent
 
 
