@@ -107,11 +107,12 @@ docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir $(DOCS_SITE)
 
 # The fast tier: lint, types, the docs site and every test that needs no engine, Redis,
-# Prometheus or browser (tests/services.py names what each slow test needs), on every core
-# (pytest-xdist: `make check WORKERS=0` runs them in pytest's own process, as before). Idle
-# workers take tests queued on busy ones (`worksteal`): a few tests of 10-30 s left one worker
-# busy at the end; two pairs of runs: 237 and 234 s against 261 and 253 s with xdist's `load`.
-WORKERS ?= auto
+# Prometheus or browser (tests/services.py names what each slow test needs), in two pytest-xdist
+# workers per core (`make check WORKERS=0` runs them in pytest's own process): its slowest
+# tests wait on processes and sockets they start, so one worker per core left the cores idle a
+# third of the time (bench/results/suite/2026-12-08-2.md). Idle workers take tests queued
+# on busy ones (`worksteal`): a few tests of 10-30 s left one worker busy at the end.
+WORKERS ?= $(shell echo $$((2 * $$(nproc))))
 DIST := --dist worksteal
 # What the tests need is made side by side: the venv, the system packages and the Kubernetes
 # tools install at once (downloads and unpacking), then ruff, mypy and the docs site check
