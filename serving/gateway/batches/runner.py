@@ -29,6 +29,7 @@ import functools
 import json
 import logging
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -69,12 +70,25 @@ PURGE_EVERY_S = 60.0
 
 @dataclass
 class _Work:
-    """A running batch's lines in memory (from its input file) and its line tasks."""
+    """A running batch's lines in memory (from its input file), which of them have a result
+    and which are still to start, and its line tasks: a round starts lines from `todo`
+    without reading every line or every result again (a batch holds up to 50,000)."""
 
     lines: list[BatchLine]
+    done: set[int]
+    """Line numbers with a result recorded."""
+    completed: int = 0
+    failed: int = 0
+    todo: deque[int] = field(default_factory=deque)
+    """Indexes into `lines` of the lines not started, in file order."""
     running: dict[int, asyncio.Task[None]] = field(default_factory=dict)
     retrying: set[int] = field(default_factory=set)
     """Lines waiting to try again: nothing of theirs runs, so an ending batch cuts them."""
+
+    @classmethod
+    def of(cls, lines: list[BatchLine], done: set[int], counts: tuple[int, int]) -> _Work:
+        todo = deque(index for index, line in enumerate(lines) if line.line not in done)
+        return cls(lines, done, *counts, todo=todo)
 
 
 class BatchRunner:
@@ -189,7 +203,7 @@ class BatchRunner:
             if now >= row.expires_at:
                 await self._end_when_idle(row, "expired", now)
             else:
-                self._start_lines(row, caller)
+                await self._start_lines(row, caller)
         elif status == "cancelling":
             await self._end_when_idle(row, "cancelled", now)
 
@@ -202,7 +216,7 @@ class BatchRunner:
             row.errors = errors
             row.status, row.times["failed_at"] = "failed", int(now)
         else:
-            self._work[row.id] = _Work(lines)
+            self._work[row.id] = _Work.of(lines, set(), (0, 0))
             row.total, row.status = len(lines), "in_progress"
             row.times["in_progress_at"] = int(now)
         self._store.save_batch(row, "validating")
@@ -219,35 +233,38 @@ class BatchRunner:
         except UpstreamError:
             return None, []
 
-    def _start_lines(self, row: BatchRow, caller: Caller) -> None:
+    async def _start_lines(self, row: BatchRow, caller: Caller) -> None:
         work = self._work.get(row.id)
         if work is None:  # resumed after a restart: the file was validated before
-            lines, _ = self._read_lines(row, lambda kind, body: None)
-            work = self._work[row.id] = _Work(lines or [])
-        done = self._store.done_lines(row.id)
-        completed, failed = self._store.result_counts(row.id)
-        if (completed, failed) != (row.completed, row.failed):
-            row.completed, row.failed = completed, failed
+            lines, _ = await asyncio.to_thread(self._read_lines, row, lambda kind, body: None)
+            done, counts = self._store.done_lines(row.id), self._store.result_counts(row.id)
+            work = self._work[row.id] = _Work.of(lines or [], done, counts)
+        if (work.completed, work.failed) != (row.completed, row.failed):
+            row.completed, row.failed = work.completed, work.failed
             self._store.save_batch(row, "in_progress")
         kind = ENDPOINTS[row.endpoint]
-        for line in work.lines:
-            if len(work.running) >= self._concurrency:
-                return
-            if line.line in done or line.line in work.running:
-                continue
+        while work.todo and len(work.running) < self._concurrency:
+            index = work.todo.popleft()
+            line = work.lines[index]
             task = asyncio.create_task(self._run_line(row, kind, caller, line))
             work.running[line.line] = task
-            task.add_done_callback(functools.partial(self._line_ended, row.id, line.line))
-        if not work.running and len(done) >= len(work.lines):  # every line has its result
+            task.add_done_callback(functools.partial(self._line_ended, row.id, line.line, index))
+        if not work.running and len(work.done) >= len(work.lines):  # every line has its result
             row.status = "finalizing"
             row.times["finalizing_at"] = int(self._clock())
             if self._store.save_batch(row, "in_progress"):
                 self.wake()
 
-    def _line_ended(self, batch_id: str, line: int, _: object) -> None:
+    def _line_ended(self, batch_id: str, line: int, index: int, task: asyncio.Task[None]) -> None:
+        """A line's task ended: with its result, not run (the batch ends without it), cut
+        (the runner stops) or failed, which starts it again in the next round."""
         work = self._work.get(batch_id)
         if work is not None:
             work.running.pop(line, None)
+            if not task.cancelled() and (failure := task.exception()) is not None:
+                logger.error("batch %s line %d failed; it runs again", batch_id, line,
+                             exc_info=failure)  # fmt: skip
+                work.todo.appendleft(index)
         self.wake()
 
     async def _run_line(self, row: BatchRow, kind: Kind, caller: Caller, line: BatchLine) -> None:
@@ -280,6 +297,9 @@ class BatchRunner:
         text = _output_line(line.custom_id, result)
         self._store.add_result(row.id, line.line, line.custom_id, ok=ok, text=text, attempt=rid)
         self._count_line("completed" if ok else "failed")
+        if (ended := self._work.get(row.id)) is not None:
+            ended.done.add(line.line)
+            ended.completed, ended.failed = ended.completed + ok, ended.failed + (not ok)
 
     def _stopping(self, batch_id: str) -> bool:
         """Cancelled (or gone) while a line waited to retry."""

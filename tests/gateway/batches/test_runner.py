@@ -157,6 +157,48 @@ def test_expiry_keeps_what_was_done(tmp_path: Path) -> None:
     asyncio.run(scenario())
 
 
+def test_a_line_refused_past_the_window_is_not_sent_again_every_round(tmp_path: Path) -> None:
+    setup = make_setup(tmp_path)
+    setup.engine.answers["b"] = [LineResult(429, b"{}", "r", retry_after_s=3600)] * 100
+
+    async def scenario() -> None:
+        runner = setup.runner(concurrency=2)
+        row = new_batch(setup, jsonl(line("a"), line("b")))
+        setup.clock.now = row.expires_at - 60  # a retry in an hour comes after the window
+        await settle(runner, setup, row.id, "in_progress")
+        for _ in range(50):
+            await runner.run_once()
+            await asyncio.sleep(0.002)
+        assert setup.engine.calls.count("b") == 1, setup.engine.calls
+        setup.clock.now = row.expires_at
+        ended = await settle(runner, setup, row.id, "expired")
+        assert [o["custom_id"] for o in lines_of(setup, ended.error_file_id)] == ["b"]
+
+    asyncio.run(scenario())
+
+
+def test_a_line_whose_run_failed_runs_again_and_the_rest_go_on(tmp_path: Path) -> None:
+    setup = make_setup(tmp_path)
+    engine, failures = setup.engine, ["b"]
+
+    async def flaky(kind, caller, body, path, rid):  # type: ignore[no-untyped-def]
+        if json.loads(body)["messages"][0]["content"] in failures:
+            failures.clear()
+            raise RuntimeError("the line's call failed")
+        return await engine(kind, caller, body, path, rid)
+
+    async def scenario() -> None:
+        runner = setup.runner(concurrency=1)
+        runner._execute = flaky
+        row = new_batch(setup, jsonl(line("a"), line("b"), line("c")))
+        ended = await settle(runner, setup, row.id, "completed")
+        assert sorted(engine.calls) == ["a", "b", "c"] and (ended.completed, ended.failed) == (3, 0)
+        written = [str(o["custom_id"]) for o in lines_of(setup, ended.output_file_id)]
+        assert sorted(written) == ["a", "b", "c"]
+
+    asyncio.run(scenario())
+
+
 def test_a_restart_runs_only_the_lines_without_a_result(tmp_path: Path) -> None:
     setup = make_setup(tmp_path)
 
