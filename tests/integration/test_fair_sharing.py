@@ -135,7 +135,7 @@ def test_a_flood_of_one_key_leaves_another_key_a_slot(stack: Stack, streams: int
     reserved = GatewaySettings.model_fields["reserved_slots"].default
     assert reserved > 0
     metrics = stack.gateway_metrics_url  # the per-key series
-    alone = statistics.median(ttfts(stack.gateway_url, quiet, QUIET_REQUESTS))
+    before = ttfts(stack.gateway_url, quiet, QUIET_REQUESTS)
     with flood(stack.gateway_url, noisy, streams):
         # the flood has every slot its key may take, and the excess waits in the gateway
         running = min(streams, SLOTS - reserved)
@@ -157,6 +157,9 @@ def test_a_flood_of_one_key_leaves_another_key_a_slot(stack: Stack, streams: int
     # Before any assertion: a flood still draining would be counted against the next test's
     # accounting oracle.
     eventually(lambda: idle(stack), budget_s=120)
+    # "Alone" on both sides of the flood: load from outside the test that comes or goes
+    # meanwhile weighs on the baseline as on the flooded samples.
+    alone = statistics.median(before + ttfts(stack.gateway_url, quiet, QUIET_REQUESTS))
     median, worst = statistics.median(flooded), max(flooded)
     print(
         f"{streams} noisy streams: quiet TTFT median {median * 1000:.0f} ms "
