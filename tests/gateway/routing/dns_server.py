@@ -83,9 +83,13 @@ class DnsServer:
             assert time.monotonic() < deadline, f"dnsmasq still answers the old {name}"
             time.sleep(0.05)
 
-    def lookup(self, name: str) -> list[str]:
+    def lookup(self, name: str, lifetime_s: float = 2.0) -> list[str]:
         resolver = dns.resolver.Resolver(configure=False)
-        resolver.nameservers, resolver.port, resolver.lifetime = ["127.0.0.1"], self.port, 2
+        resolver.nameservers, resolver.port, resolver.lifetime = (
+            ["127.0.0.1"],
+            self.port,
+            lifetime_s,
+        )
         try:
             answer = resolver.resolve(name, "A", raise_on_no_answer=False)
         except dns.resolver.NXDOMAIN:
@@ -108,7 +112,9 @@ class DnsServer:
 
     def _answers(self) -> bool:
         try:
-            self.lookup(f"probe.{DOMAIN}")
+            # A query sent before dnsmasq listens is lost, not refused: a short wait per
+            # try, or each start waits out a whole lifetime.
+            self.lookup(f"probe.{DOMAIN}", lifetime_s=0.2)
         except dns.exception.DNSException:
             return False
         return True
