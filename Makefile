@@ -24,7 +24,7 @@ POOLING ?=
 PROM_PORT ?= $(shell $(PYTHON) -c \
   'from monitoring.prometheus import PROMETHEUS_PORT; print(PROMETHEUS_PORT)')
 
-.PHONY: up monitor check test lint typecheck docs venv system-deps k8s-tools k8s-check loadtest loadtest-crosscheck loadtest-memory bench bench-routing bench-fairness bench-stream-usage clean
+.PHONY: up monitor check test lint typecheck docs venv system-deps k8s-tools k8s-check loadtest loadtest-crosscheck loadtest-memory bench bench-routing bench-fairness bench-batch bench-stream-usage clean
 
 venv: $(STAMP)
 
@@ -174,6 +174,11 @@ bench-routing: $(STAMP)
 # ~20 min.
 bench-fairness: $(STAMP)
 	$(BIN)/python -m bench.fairness
+
+# What a 2,000-line batch (the Batch API, another key's) costs an interactive key's time to
+# first token, and what share of the engine's idle throughput the batch gets, three runs.
+bench-batch: $(STAMP)
+	$(BIN)/python -m bench.batch
 
 # What the gateway's running usage (usage in every chunk) costs vLLM's API server per chat
 # stream, with Qwen3's reasoning parser and thinking off and on, ~3 min.
