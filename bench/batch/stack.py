@@ -11,16 +11,14 @@ its database and files beside the keys db (the default when a keys db is set).
 from __future__ import annotations
 
 import contextlib
-import subprocess
-import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
 
-from bench.gateway_overhead.paths import BENCH_KEY_LIMITS, READY_TIMEOUT_S, REPO_ROOT
-from bench.gateway_overhead.processes import BenchError, Launcher, can_pin, free_port
+from bench.gateway_overhead.paths import READY_TIMEOUT_S, REPO_ROOT, create_key, serving_argv
+from bench.gateway_overhead.processes import Launcher, can_pin, free_port
 from bench.routing.engines import Engine, start_engines
 from serving.gateway.setting_names import flag_name
 from serving.stack_engines import gateway_engine_settings
@@ -39,22 +37,6 @@ class Stack:
     engine_slots: int
 
 
-def _serving(*args: str) -> list[str]:
-    return [sys.executable, "-m", "serving.cli", *args]
-
-
-def _create_key(store: Path, name: str) -> str:
-    done = subprocess.run(
-        _serving("keys", "create", "--store", str(store), "--name", name, *BENCH_KEY_LIMITS),
-        capture_output=True, text=True, cwd=REPO_ROOT, check=False,
-    )  # fmt: skip
-    secret = next((line.split(":", 1)[1].strip() for line in done.stdout.splitlines()
-                   if line.startswith("secret:")), "")  # fmt: skip
-    if done.returncode or not secret:
-        raise BenchError(f"serving keys create failed: {done.stderr or done.stdout}")
-    return secret
-
-
 @contextlib.asynccontextmanager
 async def bench_stack(tmp: Path) -> AsyncIterator[Stack]:
     from serving.profiles import load_profile
@@ -65,9 +47,9 @@ async def bench_stack(tmp: Path) -> AsyncIterator[Stack]:
     with Launcher(tmp, pin=can_pin()) as launcher:
         (engine,) = await start_engines(launcher, count=1, profile=PROFILE)
         keys_db = tmp / "keys.db"
-        keys = {name: _create_key(keys_db, name) for name in KEY_NAMES}
+        keys = {name: create_key(keys_db, name) for name in KEY_NAMES}
         port = free_port()
-        argv = _serving("gateway", "--upstream", engine.base_url, "--port", str(port),
+        argv = serving_argv("gateway", "--upstream", engine.base_url, "--port", str(port),
                         "--keys-db", str(keys_db), "--drain-delay", "0", *flags)  # fmt: skip
         launcher.start("gateway", argv, cpu=GATEWAY_CPU, cwd=REPO_ROOT)
         url = f"http://127.0.0.1:{port}"

@@ -24,7 +24,7 @@ from bench.fairness.replicas import (
     report_lines,
     start_replicas,
 )
-from bench.gateway_overhead.paths import BENCH_KEY_LIMITS, READY_TIMEOUT_S, REPO_ROOT
+from bench.gateway_overhead.paths import READY_TIMEOUT_S, REPO_ROOT, create_key, serving_argv
 from bench.gateway_overhead.processes import BenchError, Launcher, can_pin, free_port, pin_self
 from bench.gateway_overhead.report import write_results
 from bench.results_files import RESULTS_DIR, loadavg, machine, machine_lines
@@ -78,24 +78,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _serving(*args: str) -> list[str]:
-    return [sys.executable, "-m", "serving.cli", *args]
-
-
-def _create_key(store: Path, name: str) -> str:
-    import subprocess
-
-    done = subprocess.run(
-        _serving("keys", "create", "--store", str(store), "--name", name, *BENCH_KEY_LIMITS),
-        capture_output=True, text=True, cwd=REPO_ROOT, check=False,
-    )  # fmt: skip
-    secret = next((line.split(":", 1)[1].strip() for line in done.stdout.splitlines()
-                   if line.startswith("secret:")), "")  # fmt: skip
-    if done.returncode or not secret:
-        raise BenchError(f"serving keys create failed: {done.stderr or done.stdout}")
-    return secret
-
-
 async def _wait_idle(engine: Engine) -> None:
     deadline = time.monotonic() + IDLE_TIMEOUT_S
     while time.monotonic() < deadline:
@@ -110,7 +92,7 @@ async def _start_gateway(
     launcher: Launcher, name: str, engine: Engine, keys_db: Path, flags: Sequence[str]
 ) -> str:
     port = free_port()
-    argv = _serving("gateway", "--upstream", engine.base_url, "--port", str(port),
+    argv = serving_argv("gateway", "--upstream", engine.base_url, "--port", str(port),
                     "--keys-db", str(keys_db), "--drain-delay", "0", *flags)  # fmt: skip
     launcher.start(name, argv, cpu=GATEWAY_CPU, cwd=REPO_ROOT)
     url = f"http://127.0.0.1:{port}"
@@ -211,7 +193,7 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
         print(f"starting a {PROFILE} engine and {gateways} gateways ...", flush=True)
         (engine,) = await start_engines(launcher, count=1, profile=PROFILE)
         keys_db = Path(tmp) / "keys.db"
-        keys = {name: _create_key(keys_db, name) for name in ("quiet", "noisy")}
+        keys = {name: create_key(keys_db, name) for name in ("quiet", "noisy")}
         # Each setting's gateways: those of the quiet requests, those of the noisy streams.
         routes: dict[str, tuple[Sequence[str], Sequence[str]]] = {}
         for index, (name, flags) in enumerate(settings.items()):

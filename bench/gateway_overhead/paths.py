@@ -128,8 +128,22 @@ async def start_path(name: str, launcher: Launcher, upstream: str) -> PathUnderT
     )
 
 
-def _serving(*args: str) -> list[str]:
+def serving_argv(*args: str) -> list[str]:
+    """`serving <args>` in this interpreter."""
     return [sys.executable, "-m", "serving.cli", *args]
+
+
+def create_key(store: Path, name: str) -> str:
+    """A key with the benchmarks' limits in the key store `store`: its secret."""
+    done = subprocess.run(
+        serving_argv("keys", "create", "--store", str(store), "--name", name, *BENCH_KEY_LIMITS),
+        capture_output=True, text=True, cwd=REPO_ROOT, check=False,
+    )  # fmt: skip
+    secret = next((line.split(":", 1)[1].strip() for line in done.stdout.splitlines()
+                   if line.startswith("secret:")), "")  # fmt: skip
+    if done.returncode or not secret:
+        raise BenchError(f"serving keys create failed: {done.stderr or done.stdout}")
+    return secret
 
 
 def _start_gateway(
@@ -140,14 +154,16 @@ def _start_gateway(
     home = launcher.workdir / f"{name}-home"
     home.mkdir(exist_ok=True)
     env = {"SERVING_HOME": str(home)}
-    argv = _serving("gateway", "--upstream", upstream, "--port", str(port))
+    argv = serving_argv("gateway", "--upstream", upstream, "--port", str(port))
     if redis_url is not None:
         argv += ["--redis-url", redis_url]
-    help_text = _run(_serving("gateway", "--help"), env)
+    help_text = _run(serving_argv("gateway", "--help"), env)
     if "--keys-db" in help_text:
         store = home / "bench-keys.db"
         created = _run(
-            _serving("keys", "create", "--store", str(store), "--name", "bench", *BENCH_KEY_LIMITS),
+            serving_argv(
+                "keys", "create", "--store", str(store), "--name", "bench", *BENCH_KEY_LIMITS
+            ),
             env,
         )
         key = next(

@@ -20,12 +20,11 @@ import functools
 import os
 import re
 import subprocess
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from bench.gateway_overhead.load import Target
-from bench.gateway_overhead.paths import BENCH_KEY_LIMITS, READY_TIMEOUT_S, REPO_ROOT
+from bench.gateway_overhead.paths import BENCH_KEY_LIMITS, READY_TIMEOUT_S, REPO_ROOT, serving_argv
 from bench.gateway_overhead.processes import BenchError, Launcher, free_port
 
 ROUTING_FLAG = "--routing"
@@ -42,10 +41,6 @@ class GatewayProcess:
     base_url: str
     api_key: str
     routing: str | None
-
-
-def _serving(*args: str) -> list[str]:
-    return [sys.executable, "-m", "serving.cli", *args]
 
 
 def _run(argv: list[str], env: dict[str, str] | None = None) -> str:
@@ -66,7 +61,7 @@ def _run(argv: list[str], env: dict[str, str] | None = None) -> str:
 @functools.cache
 def routing_policies() -> tuple[str, ...]:
     """The policies `serving gateway --routing` accepts; empty when it has no such flag."""
-    text = _run(_serving("gateway", "--help"))
+    text = _run(serving_argv("gateway", "--help"))
     if ROUTING_FLAG not in text:
         return ()
     # Choices show as `--routing {a,b,c}`; a flag made from a plain str field shows none, and
@@ -89,7 +84,7 @@ def require_routing(policy: str) -> None:
 
 def _create_key(store: str, env: dict[str, str]) -> str:
     created = _run(
-        _serving("keys", "create", "--store", store, "--name", "bench", *BENCH_KEY_LIMITS), env
+        serving_argv("keys", "create", "--store", store, "--name", "bench", *BENCH_KEY_LIMITS), env
     )
     for line in created.splitlines():
         if line.startswith("secret:"):
@@ -118,7 +113,7 @@ async def start_gateway(
     store = str(home / "bench-keys.db")
     key = await asyncio.to_thread(_create_key, store, env)
     port = free_port()
-    argv = _serving("gateway", "--upstream", ",".join(upstreams), "--port", str(port))
+    argv = serving_argv("gateway", "--upstream", ",".join(upstreams), "--port", str(port))
     argv += ["--keys-db", store]
     if routing is not None:
         argv += [ROUTING_FLAG, routing]
